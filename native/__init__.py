@@ -1,0 +1,1 @@
+"""edgepack.native: loader for the compiled kernels."""

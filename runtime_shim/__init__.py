@@ -1,0 +1,1 @@
+"""edgepack.runtime_shim."""
