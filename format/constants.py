@@ -1,0 +1,80 @@
+"""Format constants and reader limits, in one place (spec/FORMAT.md sections 2-4).
+
+The enum values mirror `spec/edgepack.fbs`; `tests/test_schema.py` checks they agree
+with the generated schema code so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import enum
+
+MAGIC = b"\x89EPK\r\n\x1a\n"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+PREAMBLE_SIZE = 128
+QUANTIZATION_SCHEMA_VERSION = 1
+OPERATOR_SET_VERSION = 1
+
+DATA_REGION_ALIGNMENT = 4096  # data_offset is page aligned so mmap offsets work
+SPAN_ALIGNMENT = 64  # every span: cache line / AVX-512 vector
+PAGE_ALIGN_THRESHOLD = 64 * 1024  # spans this large start on a page of their own
+PAGE_SIZE = 4096
+
+SIGNATURE_CONTEXT = b"edgepack/v1/signature\x00"
+DIGEST_SIZE = 32
+
+# Reader limits (spec section 3): bound every allocation a hostile file could ask for.
+MAX_HEADER_LENGTH = 64 * 1024 * 1024
+MAX_SIGNATURE_BLOCK = 64 * 1024
+MAX_TENSORS = 1_000_000
+MAX_SECTIONS = 65_536
+MAX_NDIM = 8
+MAX_DIM = 1 << 40
+MAX_ELEMENTS = 1 << 48
+MAX_NAME_BYTES = 512
+MAX_SECTION_UNCOMPRESSED = 1 << 30
+MIN_GROUP_SIZE = 8
+MAX_GROUP_SIZE = 4096
+
+
+class Encoding(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    INT8_CHANNEL = 10
+    INT4_GROUP_SYM = 20
+    INT4_GROUP_ASYM = 21
+    LOW_RANK = 40
+
+    @property
+    def is_float(self) -> bool:
+        return self in (Encoding.F32, Encoding.F16, Encoding.BF16)
+
+    @property
+    def is_group(self) -> bool:
+        return self in (Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM)
+
+
+class SectionKind(enum.IntEnum):
+    METADATA_JSON = 0
+    TOKENIZER = 1
+    CHAT_TEMPLATE = 2
+    MODEL_CONFIG = 3
+    PRECISION_PLAN = 4
+    LORA_ADAPTER = 5
+    PREFIX_KV_CACHE = 6
+    PROVENANCE = 7
+    CALIBRATION_REPORT = 8
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    ZSTD = 1
+
+
+class HashAlgorithm(enum.IntEnum):
+    SHA256 = 0
+
+
+class SignatureAlgorithm(enum.IntEnum):
+    ED25519 = 0

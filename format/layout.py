@@ -1,0 +1,73 @@
+"""What bytes each encoding needs: the one place that knows sizes and dtypes of parts.
+
+Both the writer (to lay out data) and the reader (to check every span length against
+the shape before any view is made) use :func:`part_layout`, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constants import MAX_GROUP_SIZE, MIN_GROUP_SIZE, Encoding
+
+__all__ = ["PartLayout", "TensorLayout", "as_matrix_shape", "tensor_layout"]
+
+BF16 = np.dtype("<u2")  # numpy has no bfloat16: bf16 data is exposed as raw uint16
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    codes: PartLayout | None
+    scales: PartLayout | None
+    zeros: PartLayout | None
+
+
+def as_matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """Quantized tensors are [rows, cols] with rows = shape[0] (output channels)."""
+    if len(shape) < 2:
+        raise ValueError(f"quantized tensors need at least 2 dimensions, got shape {shape}")
+    return shape[0], math.prod(shape[1:])
+
+
+def tensor_layout(encoding: Encoding, shape: tuple[int, ...], group_size: int = 0) -> TensorLayout:
+    """Return the parts an encoding stores for a tensor of ``shape``.
+
+    Raises ValueError with a user-readable reason when the combination is invalid.
+    """
+    if encoding == Encoding.F32:
+        return TensorLayout(PartLayout(np.dtype("<f4"), shape), None, None)
+    if encoding == Encoding.F16:
+        return TensorLayout(PartLayout(np.dtype("<f2"), shape), None, None)
+    if encoding == Encoding.BF16:
+        return TensorLayout(PartLayout(BF16, shape), None, None)
+    if encoding == Encoding.LOW_RANK:
+        return TensorLayout(None, None, None)
+    rows, cols = as_matrix_shape(shape)
+    if encoding == Encoding.INT8_CHANNEL:
+        return TensorLayout(
+            PartLayout(np.dtype("i1"), (rows, cols)), PartLayout(np.dtype("<f4"), (rows,)), None
+        )
+    if encoding.is_group:
+        g = group_size
+        if g < MIN_GROUP_SIZE or g > MAX_GROUP_SIZE or g % 8:
+            raise ValueError(f"group size {g} is not a multiple of 8 in [8, 4096]")
+        if cols % g:
+            raise ValueError(f"row length {cols} is not a multiple of the group size {g}")
+        codes = PartLayout(np.dtype("u1"), (rows, cols // 2))
+        scales = PartLayout(np.dtype("<f2"), (rows, cols // g))
+        zeros = scales if encoding == Encoding.INT4_GROUP_ASYM else None
+        return TensorLayout(codes, scales, zeros)
+    raise ValueError(f"no layout for encoding {encoding!r}")

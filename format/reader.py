@@ -1,0 +1,277 @@
+"""Open packages lazily: O(header) to open, tensors are zero-copy views of a read-only mmap.
+
+``Package.open`` reads the preamble and header (checking the header digest and every
+span), and maps the file without touching the data. Hashes of tensors and sections
+are checked on demand by :meth:`Package.verify`, for everything or per tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from .compat import CompatibilityVerdict, RuntimeCapabilities, check_compatibility
+from .constants import PREAMBLE_SIZE, Compression, Encoding, SectionKind
+from .errors import CorruptPackageError, IncompatiblePackageError
+from .header import Header, SectionEntry, Span, TensorEntry, decode_header
+from .layout import tensor_layout
+from .preamble import Preamble
+from .signing import parse_signature_block, verify_signature_block
+from .validate import validate_header
+
+__all__ = ["Package", "QuantizedTensor", "VerifyReport"]
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """Zero-copy views of a quantized tensor's parts."""
+
+    entry: TensorEntry
+    codes: np.ndarray
+    scales: np.ndarray
+    zeros: np.ndarray | None
+
+    @property
+    def encoding(self) -> Encoding:
+        return self.entry.encoding
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.entry.shape
+
+    def dequantize(self) -> np.ndarray:
+        from . import codecs
+
+        if self.encoding == Encoding.INT8_CHANNEL:
+            out = codecs.dequantize_int8_channel(self.codes, self.scales)
+        else:
+            out = codecs.dequantize_int4_group(
+                self.codes, self.scales, self.zeros, self.entry.group_size
+            )
+        return out.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    tensors_checked: int
+    sections_checked: int
+    bytes_hashed: int
+    signed: bool
+    trusted_signers: tuple[str, ...]  # hex key ids that verified
+
+
+class Package:
+    """A read-only, memory-mapped package. Use :meth:`open`."""
+
+    def __init__(self, path: Path, fileobj, mm: mmap.mmap, pre: Preamble, header: Header,
+                 header_bytes: bytes) -> None:
+        self.path = path
+        self._file = fileobj
+        self._mm = mm
+        self.preamble = pre
+        self.header = header
+        self._header_bytes = header_bytes
+
+    # -- opening ---------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, capabilities: RuntimeCapabilities | None = None
+    ) -> Package:
+        """Open and check a package; with ``capabilities`` also refuse incompatible ones."""
+        path = Path(path)
+        f = open(path, "rb")  # noqa: SIM115 - owned by the Package, closed in close()
+        try:
+            size = os.fstat(f.fileno()).st_size
+            pre = Preamble.unpack(f.read(PREAMBLE_SIZE), size)
+            f.seek(pre.header_offset)
+            header_bytes = f.read(pre.header_length)
+            if hashlib.sha256(header_bytes).digest() != pre.header_digest:
+                raise CorruptPackageError("header digest mismatch: the header was modified")
+            header = validate_header(decode_header(header_bytes), pre)
+            if capabilities is not None:
+                verdict = check_compatibility(header, capabilities)
+                if not verdict:
+                    raise IncompatiblePackageError(verdict.summary(), verdict)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            f.close()
+            raise
+        return cls(path, f, mm, pre, header, header_bytes)
+
+    def close(self) -> None:
+        """Release the mapping; views still alive keep it mapped until they die."""
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # numpy views are alive; the mapping goes with the last of them
+            self._mm = None
+        self._file.close()
+
+    def __enter__(self) -> Package:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- tensors -----------------------------------------------------------------
+    @property
+    def tensor_names(self) -> list[str]:
+        return [t.name for t in self.header.tensors]
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            return self.header.tensor_index[name]
+        except KeyError:
+            raise KeyError(f"package has no tensor {name!r}") from None
+
+    def tensor(self, name: str) -> np.ndarray | QuantizedTensor:
+        """The stored tensor without copying: an ndarray for float encodings
+        (bf16 as raw uint16), a :class:`QuantizedTensor` of views for integer ones."""
+        t = self.entry(name)
+        if t.encoding == Encoding.LOW_RANK:
+            raise ValueError(f"{name} is low-rank: read its factors {t.factors}")
+        layout = tensor_layout(t.encoding, t.shape, t.group_size)
+        codes = self._view(t.codes, layout.codes)
+        if t.encoding.is_float:
+            return codes
+        scales = self._view(t.scales, layout.scales)
+        zeros = self._view(t.zeros, layout.zeros) if layout.zeros else None
+        return QuantizedTensor(t, codes, scales, zeros)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor's values as float32 (a copy), whatever its encoding."""
+        t = self.entry(name)
+        if t.encoding == Encoding.LOW_RANK:
+            u, v = (self.dequantize(f) for f in t.factors)
+            return (u @ v).reshape(t.shape)
+        stored = self.tensor(name)
+        if isinstance(stored, QuantizedTensor):
+            return stored.dequantize()
+        if t.encoding == Encoding.BF16:
+            return (stored.astype(np.uint32) << 16).view(np.float32)
+        return stored.astype(np.float32)
+
+    def _view(self, span: Span, part) -> np.ndarray:
+        if self._mm is None:
+            raise ValueError("package is closed")
+        count = span.length // part.dtype.itemsize
+        return np.frombuffer(self._mm, part.dtype, count, span.offset).reshape(part.shape)
+
+    # -- sections ----------------------------------------------------------------
+    def sections(self, kind: SectionKind | int | None = None) -> list[SectionEntry]:
+        return [s for s in self.header.sections if kind is None or s.kind == int(kind)]
+
+    def section(self, kind: SectionKind | int, name: str | None = None) -> bytes | None:
+        """The section's content, hash-checked and decompressed; None if absent."""
+        matches = [s for s in self.sections(kind) if name is None or s.name == name]
+        if not matches:
+            return None
+        if len(matches) > 1:
+            raise KeyError(f"several sections of kind {kind}; give a name")
+        sec = matches[0]
+        stored = self._mm[sec.data.offset : sec.data.end] if sec.data.length else b""
+        if hashlib.sha256(stored).digest() != sec.hash:
+            raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
+        if sec.compression == Compression.ZSTD:
+            return _decompress(stored, sec)
+        if len(stored) != sec.uncompressed_length:
+            raise CorruptPackageError(f"section {sec.name!r} has the wrong length")
+        return stored
+
+    # -- integrity -----------------------------------------------------------------
+    def verify_tensor(self, name: str) -> None:
+        t = self.entry(name)
+        if t.encoding == Encoding.LOW_RANK:
+            for factor in t.factors:
+                self.verify_tensor(factor)
+            return
+        digest = hashlib.sha256()
+        for span in t.spans:
+            self._hash_span(span, digest)
+        if digest.digest() != t.hash:
+            raise CorruptPackageError(f"tensor {name!r} hash mismatch: its data is corrupt")
+
+    def verify(
+        self,
+        trusted_keys: Sequence[object] | None = None,
+        *,
+        threshold: int = 1,
+        tensors: Iterable[str] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> VerifyReport:
+        """Check hashes (all tensors, or the named ones, and all sections) and, when
+        ``trusted_keys`` is given, that enough trusted keys signed the header."""
+        signers: list[bytes] = []
+        block = self.signature_block()
+        if trusted_keys is not None:
+            signers = verify_signature_block(block, self.preamble.header_digest,
+                                             list(trusted_keys), threshold)
+        elif block:
+            parse_signature_block(block)  # malformed blocks are an error even unchecked
+        names = self.tensor_names if tensors is None else list(tensors)
+        hashed = 0
+        for name in names:
+            self.verify_tensor(name)
+            n = self.entry(name).nbytes
+            hashed += n
+            if progress:
+                progress(n)
+        for sec in self.header.sections:
+            digest = hashlib.sha256()
+            self._hash_span(sec.data, digest)
+            if digest.digest() != sec.hash:
+                raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
+            hashed += sec.data.length
+        return VerifyReport(
+            tensors_checked=len(names),
+            sections_checked=len(self.header.sections),
+            bytes_hashed=hashed,
+            signed=bool(block),
+            trusted_signers=tuple(k.hex() for k in signers),
+        )
+
+    def signature_block(self) -> bytes:
+        pre = self.preamble
+        if not pre.signed or self._mm is None:
+            return b""
+        return bytes(self._mm[pre.signature_offset : pre.signature_offset + pre.signature_length])
+
+    def check_compatibility(self, capabilities: RuntimeCapabilities) -> CompatibilityVerdict:
+        return check_compatibility(self.header, capabilities)
+
+    def _hash_span(self, span: Span, digest) -> None:
+        if not span.length:
+            return
+        if self._mm is None:
+            raise ValueError("package is closed")
+        view = memoryview(self._mm)
+        try:
+            step = 64 * 1024 * 1024
+            for start in range(span.offset, span.end, step):
+                digest.update(view[start : min(start + step, span.end)])
+        finally:
+            view.release()
+
+
+def _decompress(stored: bytes, sec: SectionEntry) -> bytes:
+    try:
+        params = zstandard.get_frame_parameters(stored)
+        if params.content_size != sec.uncompressed_length:
+            raise CorruptPackageError(f"section {sec.name!r}: compressed size header mismatch")
+        out = zstandard.ZstdDecompressor().decompress(
+            stored, max_output_size=sec.uncompressed_length
+        )
+    except zstandard.ZstdError as exc:
+        raise CorruptPackageError(f"section {sec.name!r} does not decompress: {exc}") from None
+    if len(out) != sec.uncompressed_length:
+        raise CorruptPackageError(f"section {sec.name!r} decompressed to the wrong size")
+    return out
+

@@ -1,0 +1,177 @@
+"""Ed25519 keys and package signatures (spec/FORMAT.md section 7).
+
+A signature covers the header digest; the header binds every tensor and section hash,
+so checking signatures here plus hashes in the reader authenticates the whole file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import flatbuffers
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .constants import DIGEST_SIZE, SIGNATURE_CONTEXT, SignatureAlgorithm
+from .errors import SignatureError
+from .schema import Signature as fb_Signature
+from .schema import SignatureBlock as fb_Block
+
+__all__ = [
+    "SignatureEntry",
+    "build_signature_block",
+    "generate_keypair",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "parse_signature_block",
+    "signature_message",
+    "verify_signature_block",
+]
+
+
+@dataclass(frozen=True)
+class SignatureEntry:
+    algorithm: int
+    key_id: bytes
+    signature: bytes
+
+
+def key_id(public_key: Ed25519PublicKey) -> bytes:
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).digest()
+
+
+def signature_message(header_digest: bytes) -> bytes:
+    return SIGNATURE_CONTEXT + header_digest
+
+
+def generate_keypair(name: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write NAME.key (PKCS#8 PEM, mode 0600) and NAME.pub; refuse to overwrite."""
+    base = Path(name)
+    key_path, pub_path = base.with_name(base.name + ".key"), base.with_name(base.name + ".pub")
+    for p in (key_path, pub_path):
+        if p.exists():
+            raise FileExistsError(f"{p} already exists; refusing to overwrite a key")
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub_path.write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return key_path, pub_path
+
+
+def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (ValueError, TypeError, OSError) as exc:
+        raise SignatureError(f"cannot read signing key {path}: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"{path} is not an Ed25519 private key")
+    return key
+
+
+def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except (ValueError, TypeError, OSError) as exc:
+        raise SignatureError(f"cannot read public key {path}: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise SignatureError(f"{path} is not an Ed25519 public key")
+    return key
+
+
+def build_signature_block(header_digest: bytes, keys: Iterable[Ed25519PrivateKey]) -> bytes:
+    message = signature_message(header_digest)
+    b = flatbuffers.Builder(256)
+    offsets = []
+    for key in keys:
+        kid = b.CreateByteVector(key_id(key.public_key()))
+        sig = b.CreateByteVector(key.sign(message))
+        fb_Signature.Start(b)
+        fb_Signature.AddAlgorithm(b, SignatureAlgorithm.ED25519)
+        fb_Signature.AddKeyId(b, kid)
+        fb_Signature.AddSignature(b, sig)
+        offsets.append(fb_Signature.End(b))
+    fb_Block.StartSignaturesVector(b, len(offsets))
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    vec = b.EndVector()
+    fb_Block.Start(b)
+    fb_Block.AddSignatures(b, vec)
+    b.Finish(fb_Block.End(b), file_identifier=b"EPKS")
+    return bytes(b.Output())
+
+
+def parse_signature_block(buf: bytes) -> list[SignatureEntry]:
+    """Decode a signature block; anything malformed is a :class:`SignatureError`."""
+    if len(buf) < 8 or buf[4:8] != b"EPKS":
+        raise SignatureError("signature block is malformed (bad identifier)")
+    try:
+        block = fb_Block.SignatureBlock.GetRootAs(buf, 0)
+        count = block.SignaturesLength()
+        if count > 64:
+            raise SignatureError(f"signature block holds {count} signatures (max 64)")
+        entries = []
+        for i in range(count):
+            sig = block.Signatures(i)
+            kid = bytes(sig.KeyIdAsNumpy().tobytes()) if not sig.KeyIdIsNone() else b""
+            raw = bytes(sig.SignatureAsNumpy().tobytes()) if not sig.SignatureIsNone() else b""
+            entries.append(SignatureEntry(sig.Algorithm(), kid, raw))
+    except SignatureError:
+        raise
+    except Exception as exc:  # generated accessors raise many kinds on garbage
+        raise SignatureError(f"signature block is malformed ({type(exc).__name__})") from None
+    return entries
+
+
+def verify_signature_block(
+    block: bytes,
+    header_digest: bytes,
+    trusted_keys: Sequence[Ed25519PublicKey],
+    threshold: int = 1,
+) -> list[bytes]:
+    """Return the key ids of trusted keys whose signatures verify; raise if < threshold."""
+    if len(header_digest) != DIGEST_SIZE:
+        raise ValueError("header digest must be 32 bytes")
+    trusted = {key_id(k): k for k in trusted_keys}
+    message = signature_message(header_digest)
+    verified: list[bytes] = []
+    entries = parse_signature_block(block) if block else []
+    for entry in entries:
+        key = trusted.get(entry.key_id)
+        if key is None or entry.key_id in verified:
+            continue
+        if entry.algorithm != SignatureAlgorithm.ED25519:
+            continue
+        try:
+            key.verify(entry.signature, message)
+        except InvalidSignature:
+            raise SignatureError(
+                f"signature by trusted key {entry.key_id.hex()[:16]} does not verify: the "
+                "package was modified after signing"
+            ) from None
+        verified.append(entry.key_id)
+    if len(verified) < threshold:
+        if not entries:
+            raise SignatureError("package is not signed")
+        signers = ", ".join(e.key_id.hex()[:16] for e in entries)
+        raise SignatureError(
+            f"package is signed by {signers}, not by a trusted key "
+            f"({len(verified)} of {threshold} required)"
+        )
+    return verified

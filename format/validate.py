@@ -1,0 +1,183 @@
+"""Semantic checks of a decoded header against the file it came from (spec sections 3-5).
+
+Runs at every open, costs O(header). After it passes, every span a view is made from
+lies inside the data region, is aligned, does not overlap another, and has exactly
+the length its shape and encoding imply, so numpy views can never read garbage.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .constants import (
+    DIGEST_SIZE,
+    FORMAT_MAJOR,
+    MAX_DIM,
+    MAX_ELEMENTS,
+    MAX_NAME_BYTES,
+    MAX_NDIM,
+    MAX_SECTION_UNCOMPRESSED,
+    SPAN_ALIGNMENT,
+    Compression,
+    Encoding,
+    HashAlgorithm,
+    SectionKind,
+)
+from .errors import CorruptPackageError, UnsupportedFeatureError
+from .header import Header, Span, TensorEntry
+from .layout import tensor_layout
+from .preamble import Preamble
+
+__all__ = ["KNOWN_FEATURES", "validate_header"]
+
+KNOWN_FEATURES: frozenset[str] = frozenset()
+_KNOWN_ENCODINGS = frozenset(int(e) for e in Encoding)
+_KNOWN_KINDS = frozenset(int(k) for k in SectionKind)
+
+
+def validate_header(header: Header, pre: Preamble) -> Header:
+    """Check ``header`` against the preamble's data region; return it with typed enums."""
+    if header.format_version != FORMAT_MAJOR:
+        raise CorruptPackageError(
+            f"header format_version {header.format_version} disagrees with the preamble"
+        )
+    if header.hash_algorithm != HashAlgorithm.SHA256:
+        raise UnsupportedFeatureError(f"unknown hash algorithm {header.hash_algorithm}")
+    if header.data_alignment < SPAN_ALIGNMENT or header.data_alignment & (
+        header.data_alignment - 1
+    ):
+        raise CorruptPackageError(f"data alignment {header.data_alignment} is invalid")
+    unknown = [f for f in header.required_features if f not in KNOWN_FEATURES]
+    if unknown:
+        raise UnsupportedFeatureError(
+            f"package requires features this reader does not know: {', '.join(unknown)}; "
+            "update edgepack"
+        )
+    tensors = tuple(_check_tensor(t) for t in header.tensors)
+    names = {t.name for t in tensors}
+    if len(names) != len(tensors):
+        raise CorruptPackageError("two tensors have the same name")
+    by_name = {t.name: t for t in tensors}
+    for t in tensors:
+        if t.encoding == Encoding.LOW_RANK:
+            _check_factors(t, by_name)
+
+    spans: list[tuple[Span, str]] = []
+    for t in tensors:
+        spans.extend((s, f"tensor {t.name!r}") for s in t.spans if s.length)
+    seen_sections = set()
+    sections = []
+    for sec in header.sections:
+        key = (sec.kind, sec.name)
+        if key in seen_sections:
+            raise CorruptPackageError(f"two sections of kind {sec.kind} named {sec.name!r}")
+        seen_sections.add(key)
+        if sec.kind not in _KNOWN_KINDS and sec.required:
+            raise UnsupportedFeatureError(
+                f"package has a required section of unknown kind {sec.kind}; update edgepack"
+            )
+        if sec.compression not in (Compression.NONE, Compression.ZSTD):
+            raise UnsupportedFeatureError(f"section {sec.name!r}: unknown compression")
+        if sec.uncompressed_length > MAX_SECTION_UNCOMPRESSED:
+            raise CorruptPackageError(f"section {sec.name!r} claims an absurd size")
+        if len(sec.hash) != DIGEST_SIZE:
+            raise CorruptPackageError(f"section {sec.name!r} has no valid digest")
+        if sec.data.length:
+            spans.append((sec.data, f"section {sec.kind_name}/{sec.name!r}"))
+        sections.append(sec)
+    _check_spans(spans, pre)
+    return Header(
+        identity=header.identity,
+        min_runtime_version=header.min_runtime_version,
+        tensors=tensors,
+        sections=tuple(sections),
+        required_operators=header.required_operators,
+        required_features=header.required_features,
+        provenance=header.provenance,
+        format_version=header.format_version,
+        quantization_schema_version=header.quantization_schema_version,
+        operator_set_version=header.operator_set_version,
+        hash_algorithm=header.hash_algorithm,
+        data_alignment=header.data_alignment,
+    )
+
+
+def _check_tensor(t: TensorEntry) -> TensorEntry:
+    where = f"tensor {t.name!r}"
+    if not t.name or len(t.name.encode()) > MAX_NAME_BYTES:
+        raise CorruptPackageError(f"{where}: name is empty or longer than {MAX_NAME_BYTES} bytes")
+    if int(t.encoding) not in _KNOWN_ENCODINGS:
+        raise UnsupportedFeatureError(
+            f"{where} uses encoding {int(t.encoding)}, unknown to this reader; update edgepack"
+        )
+    encoding = Encoding(t.encoding)
+    if len(t.shape) > MAX_NDIM:
+        raise CorruptPackageError(f"{where}: {len(t.shape)} dimensions (max {MAX_NDIM})")
+    if any(d >= MAX_DIM for d in t.shape) or math.prod(t.shape) >= MAX_ELEMENTS:
+        raise CorruptPackageError(f"{where}: absurd shape {t.shape}")
+    try:
+        layout = tensor_layout(encoding, t.shape, t.group_size)
+    except ValueError as exc:
+        raise CorruptPackageError(f"{where}: {exc}") from None
+    for part_name, span, part in zip(
+        ("codes", "scales", "zeros"), t.spans, (layout.codes, layout.scales, layout.zeros)
+    ):
+        want = part.nbytes if part is not None else 0
+        if span.length != want:
+            raise CorruptPackageError(
+                f"{where}: {part_name} span is {span.length} bytes, shape {t.shape} "
+                f"and encoding {encoding.name} need {want}"
+            )
+        if not span.length and span.offset:
+            raise CorruptPackageError(f"{where}: empty {part_name} span has an offset")
+    if encoding == Encoding.LOW_RANK:
+        if t.hash:
+            raise CorruptPackageError(f"{where}: low-rank tensors carry no digest")
+    elif len(t.hash) != DIGEST_SIZE:
+        raise CorruptPackageError(f"{where}: digest is {len(t.hash)} bytes, not {DIGEST_SIZE}")
+    if encoding != Encoding.LOW_RANK and (t.factors or t.rank):
+        raise CorruptPackageError(f"{where}: factors given for a non-low-rank tensor")
+    if not encoding.is_group and t.group_size:
+        raise CorruptPackageError(f"{where}: group size given for {encoding.name}")
+    return TensorEntry(
+        name=t.name,
+        shape=t.shape,
+        encoding=encoding,
+        codes=t.codes,
+        scales=t.scales,
+        zeros=t.zeros,
+        hash=t.hash,
+        group_size=t.group_size,
+        factors=t.factors,
+        rank=t.rank,
+    )
+
+
+def _check_factors(t: TensorEntry, by_name: dict[str, TensorEntry]) -> None:
+    where = f"low-rank tensor {t.name!r}"
+    if len(t.factors) != 2 or t.rank < 1 or len(t.shape) < 2:
+        raise CorruptPackageError(f"{where}: needs 2 factors, a rank and a 2-D+ shape")
+    u, v = (by_name.get(n) for n in t.factors)
+    if u is None or v is None:
+        raise CorruptPackageError(f"{where}: factor tensors {t.factors} are missing")
+    if Encoding.LOW_RANK in (u.encoding, v.encoding):
+        raise CorruptPackageError(f"{where}: factors may not be low-rank themselves")
+    rows, cols = t.shape[0], math.prod(t.shape[1:])
+    if u.shape != (rows, t.rank) or v.shape != (t.rank, cols):
+        raise CorruptPackageError(
+            f"{where}: factor shapes {u.shape} x {v.shape} do not make {t.shape} "
+            f"at rank {t.rank}"
+        )
+
+
+def _check_spans(spans: list[tuple[Span, str]], pre: Preamble) -> None:
+    spans.sort(key=lambda item: item[0].offset)
+    previous_end, previous_owner = pre.data_offset, "the start of the data region"
+    for span, owner in spans:
+        if span.offset % SPAN_ALIGNMENT:
+            raise CorruptPackageError(f"{owner}: data at {span.offset} is not 64-byte aligned")
+        if span.offset < previous_end:
+            raise CorruptPackageError(f"{owner}: data overlaps {previous_owner}")
+        if span.end > pre.data_end:
+            raise CorruptPackageError(f"{owner}: data runs past the end of the data region")
+        previous_end, previous_owner = span.end, owner
