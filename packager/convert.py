@@ -1,0 +1,194 @@
+"""`edgepack convert`: import a model and write it as a package with one uniform encoding.
+
+Lossless repack (f32/f16/bf16) or round-to-nearest quantization. 1-D tensors (norms,
+biases) stay float32; with int4 the token embedding and the (tied) output head are int8
+unless told otherwise, as llama.cpp's Q4_0 does, because they dominate the error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgepack.format import (
+    Encoding,
+    ModelIdentity,
+    PackageWriter,
+    Provenance,
+    SectionKind,
+)
+from edgepack.runtime_shim.capabilities import runtime_version
+
+from .encode import EncodingChoice, encode_tensor, parse_encoding
+from .importers import SourceModel, SourceTensor, open_source
+
+__all__ = ["ConvertResult", "TensorPlan", "convert", "plan_encodings", "required_operators"]
+
+EMBEDDING_NAMES = ("embed.weight", "output.weight")
+_DECODE_OP = {
+    Encoding.F32: "decode.f32",
+    Encoding.F16: "decode.f16",
+    Encoding.BF16: "decode.bf16",
+    Encoding.INT8_CHANNEL: "decode.int8_channel",
+    Encoding.INT4_GROUP_SYM: "decode.int4_group_sym",
+    Encoding.INT4_GROUP_ASYM: "decode.int4_group_asym",
+    Encoding.LOW_RANK: "decode.low_rank",
+}
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    choice: EncodingChoice
+    reason: str
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: Path
+    plans: list[TensorPlan]
+    tensor_bytes: dict[str, int]  # by encoding label
+
+
+def _fit_group(choice: EncodingChoice, cols: int) -> tuple[EncodingChoice, str]:
+    """Keep the group size if it divides the row, else the largest smaller one that does."""
+    if cols % choice.group_size == 0:
+        return choice, "uniform"
+    for g in (128, 64, 32, 16, 8):
+        if g < choice.group_size and cols % g == 0:
+            return EncodingChoice(choice.encoding, g), f"row length {cols} not divisible by " \
+                f"{choice.group_size}: group {g}"
+    return EncodingChoice(Encoding.INT8_CHANNEL), f"row length {cols} fits no int4 group: int8"
+
+
+def plan_encodings(
+    tensors: Sequence[SourceTensor], base: EncodingChoice, embedding: EncodingChoice | None
+) -> list[TensorPlan]:
+    plans = []
+    for t in tensors:
+        if len(t.shape) < 2:
+            plans.append(TensorPlan(t.name, EncodingChoice(Encoding.F32), "1-D tensors stay f32"))
+            continue
+        choice, reason = base, "uniform"
+        if t.name in EMBEDDING_NAMES:
+            if embedding is not None:
+                choice, reason = embedding, "--embedding-encoding"
+            elif base.encoding.is_group:
+                choice, reason = EncodingChoice(Encoding.INT8_CHANNEL), "embedding/head int8"
+        if choice.encoding.is_group:
+            cols = 1
+            for d in t.shape[1:]:
+                cols *= d
+            choice, fit_reason = _fit_group(choice, cols)
+            if fit_reason != "uniform":
+                reason = fit_reason
+        plans.append(TensorPlan(t.name, choice, reason))
+    return plans
+
+
+def required_operators(architecture: str, encodings: set[Encoding]) -> list[tuple[str, int]]:
+    ops = [(f"arch.{architecture}", 1)]
+    ops += sorted((_DECODE_OP[e], 1) for e in encodings)
+    return ops
+
+
+def convert(
+    src: str | Path,
+    out: str | Path,
+    *,
+    encoding: str = "f32",
+    embedding_encoding: str | None = None,
+    signing_keys: Sequence[object] = (),
+    min_runtime_version: str | None = None,
+    model_version: str = "1.0.0",
+    on_start: Callable[[int], None] | None = None,
+    on_tensor: Callable[[str, int], None] | None = None,
+) -> ConvertResult:
+    """Import ``src`` and write ``out``; returns the per-tensor plan and byte counts.
+
+    ``on_start(total_elements)`` and ``on_tensor(name, elements)`` drive a progress bar.
+    """
+    source: SourceModel = open_source(src)
+    base = parse_encoding(encoding)
+    embed = parse_encoding(embedding_encoding) if embedding_encoding else None
+    plans = plan_encodings(source.tensors, base, embed)
+    identity = ModelIdentity(
+        name=source.name,
+        version=model_version,
+        architecture=source.architecture,
+        config={k: v for k, v in source.config.items() if k != "source_config"},
+    )
+    recipe = {"command": "convert", "encoding": encoding, "embedding_encoding": embedding_encoding}
+    provenance = Provenance(
+        tool="edgepack",
+        tool_version=runtime_version(),
+        source_name=", ".join(p.name for p in source.source_files),
+        source_sha256=source.source_sha256,
+        recipe=recipe,
+    )
+    ops = required_operators(source.architecture, {p.choice.encoding for p in plans})
+    if on_start:
+        on_start(sum(_numel(t.shape) for t in source.tensors))
+    tensor_bytes: dict[str, int] = {}
+    with PackageWriter(
+        out,
+        identity,
+        min_runtime_version=min_runtime_version or runtime_version(),
+        required_operators=ops,
+        provenance=provenance,
+    ) as writer:
+        for tensor, plan in zip(source.tensors, plans):
+            encoded = encode_tensor(tensor.load(), plan.choice, tensor.name)
+            entry = writer.add_tensor(
+                tensor.name,
+                plan.choice.encoding,
+                encoded.codes,
+                encoded.scales,
+                encoded.zeros,
+                shape=encoded.shape,
+                group_size=plan.choice.group_size,
+            )
+            label = plan.choice.label
+            tensor_bytes[label] = tensor_bytes.get(label, 0) + entry.nbytes
+            del encoded
+            if on_tensor:
+                on_tensor(tensor.name, _numel(tensor.shape))
+        _add_sections(writer, source, plans)
+        writer.finish(signing_keys)
+    return ConvertResult(Path(out), plans, tensor_bytes)
+
+
+def _add_sections(writer: PackageWriter, source: SourceModel, plans: list[TensorPlan]) -> None:
+    if source.tokenizer_json:
+        writer.add_section(
+            SectionKind.TOKENIZER, source.tokenizer_json.encode(), name="tokenizer.json",
+            media_type="application/json",
+        )
+    if source.chat_template:
+        writer.add_section(
+            SectionKind.CHAT_TEMPLATE, source.chat_template.encode(), name="default",
+            media_type="text/x-jinja2",
+        )
+    raw_config = source.config.get("source_config")
+    if raw_config is not None:
+        writer.add_section(
+            SectionKind.MODEL_CONFIG, json.dumps(raw_config, sort_keys=True, default=str).encode(),
+            name="source", media_type="application/json",
+        )
+    plan_doc = {
+        "method": "uniform",
+        "tensors": {p.name: {"encoding": p.choice.label, "reason": p.reason} for p in plans},
+    }
+    writer.add_section(
+        SectionKind.PRECISION_PLAN, json.dumps(plan_doc, sort_keys=True).encode(),
+        name="plan", media_type="application/json",
+    )
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

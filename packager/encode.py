@@ -1,0 +1,100 @@
+"""Encode one float tensor into the format's parts, on native kernels when present.
+
+The numpy codecs in edgepack.format.codecs are the definition; the native kernels are
+bit-identical and faster (tests/test_native_quant.py), so either path gives the same file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgepack import native
+from edgepack.format import Encoding, EncodingError
+from edgepack.format import codecs
+
+__all__ = ["EncodedTensor", "EncodingChoice", "encode_tensor", "parse_encoding"]
+
+
+@dataclass(frozen=True)
+class EncodingChoice:
+    encoding: Encoding
+    group_size: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.encoding.is_group:
+            suffix = "" if self.encoding == Encoding.INT4_GROUP_SYM else "-asym"
+            return f"int4-g{self.group_size}{suffix}"
+        return {Encoding.INT8_CHANNEL: "int8"}.get(self.encoding, self.encoding.name.lower())
+
+
+@dataclass(frozen=True)
+class EncodedTensor:
+    choice: EncodingChoice
+    shape: tuple[int, ...]
+    codes: np.ndarray
+    scales: np.ndarray | None = None
+    zeros: np.ndarray | None = None
+
+
+_INT4 = re.compile(r"^int4-g(\d+)(-asym|-sym)?$")
+
+
+def parse_encoding(text: str) -> EncodingChoice:
+    """``f32 | f16 | bf16 | int8 | int4-g{32,64,128}[-asym]`` -> EncodingChoice."""
+    simple = {
+        "f32": Encoding.F32,
+        "f16": Encoding.F16,
+        "bf16": Encoding.BF16,
+        "int8": Encoding.INT8_CHANNEL,
+    }
+    if text in simple:
+        return EncodingChoice(simple[text])
+    m = _INT4.match(text)
+    if m:
+        kind = Encoding.INT4_GROUP_ASYM if m[2] == "-asym" else Encoding.INT4_GROUP_SYM
+        return EncodingChoice(kind, int(m[1]))
+    raise ValueError(
+        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or int4-g32/g64/g128[-asym]"
+    )
+
+
+def encode_tensor(w: np.ndarray, choice: EncodingChoice, name: str = "tensor") -> EncodedTensor:
+    """Encode float32 ``w``; raises EncodingError (naming the tensor) on bad values."""
+    shape = tuple(w.shape)
+    try:
+        return _encode(np.ascontiguousarray(w, dtype=np.float32), choice, shape)
+    except EncodingError as exc:
+        raise EncodingError(f"{name}: {exc}") from None
+
+
+def _encode(w: np.ndarray, choice: EncodingChoice, shape: tuple[int, ...]) -> EncodedTensor:
+    enc = choice.encoding
+    if enc.is_float and not np.isfinite(w).all():
+        bad = np.argwhere(~np.isfinite(w))[0]
+        raise EncodingError(f"non-finite value at index {tuple(int(i) for i in bad)}")
+    if enc == Encoding.F32:
+        return EncodedTensor(choice, shape, w)
+    if enc == Encoding.F16:
+        if np.abs(w).max(initial=0) > 65504:
+            raise EncodingError("values overflow float16; use f32 or bf16")
+        return EncodedTensor(choice, shape, w.astype(np.float16))
+    if enc == Encoding.BF16:
+        bits = w.view(np.uint32)
+        rounded = bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))  # round half even
+        return EncodedTensor(choice, shape, (rounded >> 16).astype(np.uint16))
+    matrix = w.reshape(shape[0], -1) if w.ndim != 2 else w
+    kernels = native.load()
+    if enc == Encoding.INT8_CHANNEL:
+        codes, scales = (kernels or codecs).quantize_int8_channel(matrix)
+        return EncodedTensor(choice, shape, codes, scales)
+    if enc.is_group:
+        symmetric = enc == Encoding.INT4_GROUP_SYM
+        codes, scales, zeros = (kernels or codecs).quantize_int4_group(
+            matrix, choice.group_size, symmetric
+        )
+        return EncodedTensor(choice, shape, codes, scales, zeros)
+    raise ValueError(f"cannot encode as {enc.name}")

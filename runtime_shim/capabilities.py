@@ -1,0 +1,40 @@
+"""What this runtime supports, declared once for compatibility checks (device and server).
+
+Operators are named ``<family>.<name>`` with an integer version. ``decode.*`` are the
+tensor decoders of quantization schema 1 (numpy reference in edgepack.format.codecs,
+native kernels where built); ``arch.*`` are the model architectures the shim runs.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from edgepack.format import Encoding, RuntimeCapabilities
+
+__all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
+
+RUNTIME_OPERATORS: dict[str, int] = {
+    "decode.f32": 1,
+    "decode.f16": 1,
+    "decode.bf16": 1,
+    "decode.int8_channel": 1,
+    "decode.int4_group_sym": 1,
+    "decode.int4_group_asym": 1,
+    "decode.low_rank": 1,
+    "arch.llama": 1,
+}
+
+
+def runtime_version() -> str:
+    try:
+        return metadata.version("edgepack")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "0.1.0"
+
+
+def runtime_capabilities() -> RuntimeCapabilities:
+    return RuntimeCapabilities(
+        runtime_version=runtime_version(),
+        operators=dict(RUNTIME_OPERATORS),
+        encodings=frozenset(int(e) for e in Encoding),
+    )
