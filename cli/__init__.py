@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a bug: still one line, with a way to get the traceback
         _debug()
-        print(f"internal error: {type(exc).__name__}: {exc} (EDGEPACK_DEBUG=1 for a traceback)",
-              file=sys.stderr)
+        print(
+            f"internal error: {type(exc).__name__}: {exc} (EDGEPACK_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
         return 1
     return rv if isinstance(rv, int) else 0
 

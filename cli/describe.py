@@ -47,7 +47,8 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
                 "stored_bytes": s.data.length,
                 "bytes": s.uncompressed_length,
                 "compression": s.compression.name.lower()
-                if hasattr(s.compression, "name") else int(s.compression),
+                if hasattr(s.compression, "name")
+                else int(s.compression),
                 "required": s.required,
                 "sha256": s.hash.hex(),
             }
@@ -86,8 +87,10 @@ def describe_header(pkg: Package) -> str:
     ]
     for s in h.sections:
         comp = " zstd" if s.compression else ""
-        lines.append(f"    {s.kind_name:<18} {s.name:<20} {s.uncompressed_length:>12,} B"
-                     f"{comp}{' (required)' if s.required else ''}")
+        lines.append(
+            f"    {s.kind_name:<18} {s.name:<20} {s.uncompressed_length:>12,} B"
+            f"{comp}{' (required)' if s.required else ''}"
+        )
     per_enc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     total_params = 0
     for t in h.tensors:
@@ -102,9 +105,10 @@ def describe_header(pkg: Package) -> str:
         row[2] += t.nbytes
     total_bytes = sum(r[2] for r in per_enc.values())
     bpw = 8 * size / total_params if total_params else 0.0
-    lines.append(f"  tensors      {len(h.tensors)}, {total_params:,} parameters, "
-                 f"{total_bytes:,} bytes of tensor data, {bpw:.2f} bits/weight (whole file)")
+    lines.append(
+        f"  tensors      {len(h.tensors)}, {total_params:,} parameters, "
+        f"{total_bytes:,} bytes of tensor data, {bpw:.2f} bits/weight (whole file)"
+    )
     for label, (count, params, nbytes) in sorted(per_enc.items()):
-        lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params "
-                     f"{nbytes:>14,} B")
+        lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params {nbytes:>14,} B")
     return "\n".join(lines)

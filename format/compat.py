@@ -88,33 +88,44 @@ def check_compatibility(header: Header, caps: RuntimeCapabilities) -> Compatibil
         problems.append(CompatibilityProblem(code, message, remedy))
 
     if header.format_version != caps.format_major:
-        add("format_version", f"package format {header.format_version}, runtime reads "
-            f"{caps.format_major}")
+        add(
+            "format_version",
+            f"package format {header.format_version}, runtime reads {caps.format_major}",
+        )
     try:
         needed = semver_key(header.min_runtime_version)
     except ValueError:
-        add("bad_min_runtime_version",
+        add(
+            "bad_min_runtime_version",
             f"min_runtime_version {header.min_runtime_version!r} is not a semantic version",
-            "rebuild the package with a valid --min-runtime-version")
+            "rebuild the package with a valid --min-runtime-version",
+        )
     else:
         if needed > semver_key(caps.runtime_version):
-            add("runtime_too_old", f"package needs runtime >= {header.min_runtime_version}, "
-                f"this runtime is {caps.runtime_version}")
+            add(
+                "runtime_too_old",
+                f"package needs runtime >= {header.min_runtime_version}, "
+                f"this runtime is {caps.runtime_version}",
+            )
     if header.quantization_schema_version not in caps.quantization_schema_versions:
-        add("quantization_schema", f"quantization schema version "
+        add(
+            "quantization_schema",
+            f"quantization schema version "
             f"{header.quantization_schema_version} is not supported (supported: "
-            f"{sorted(caps.quantization_schema_versions)})")
+            f"{sorted(caps.quantization_schema_versions)})",
+        )
     if header.operator_set_version not in caps.operator_set_versions:
-        add("operator_set", f"operator set version {header.operator_set_version} is not "
-            f"supported (supported: {sorted(caps.operator_set_versions)})")
+        add(
+            "operator_set",
+            f"operator set version {header.operator_set_version} is not "
+            f"supported (supported: {sorted(caps.operator_set_versions)})",
+        )
     for name, version in header.required_operators:
         have = caps.operators.get(name)
         if have is None:
-            add("missing_operator", f"operator {name}@{version} is not implemented by this "
-                "runtime")
+            add("missing_operator", f"operator {name}@{version} is not implemented by this runtime")
         elif have < version:
-            add("operator_too_old", f"operator {name}@{version} needed, runtime has "
-                f"{name}@{have}")
+            add("operator_too_old", f"operator {name}@{version} needed, runtime has {name}@{have}")
     missing_enc = sorted({int(t.encoding) for t in header.tensors} - set(caps.encodings))
     if missing_enc:
         add("encoding", f"tensor encodings {missing_enc} are not supported")

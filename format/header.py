@@ -1,26 +1,20 @@
 """The package header as plain Python values, and its flatbuffer encoding.
 
-The generated accessors in ``schema/`` trust their input; everything here that reads
-bytes converts any failure into :class:`CorruptPackageError` and checks every string
-and vector length against the buffer, so a hostile header can only ever produce a
-typed error. Semantic checks against the file live in ``validate.py``.
+Encoding uses the generated builder functions in ``schema/``. Decoding untrusted bytes
+lives in ``header_decode.py``; semantic checks against the file in ``validate.py``.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import flatbuffers
-import numpy as np
 
 from .constants import (
     FORMAT_MAJOR,
-    MAX_SECTIONS,
-    MAX_TENSORS,
     OPERATOR_SET_VERSION,
     QUANTIZATION_SCHEMA_VERSION,
     SPAN_ALIGNMENT,
@@ -29,7 +23,6 @@ from .constants import (
     HashAlgorithm,
     SectionKind,
 )
-from .errors import CorruptPackageError
 from .schema import (
     Header as fb_Header,
 )
@@ -59,12 +52,11 @@ __all__ = [
     "SectionEntry",
     "Span",
     "TensorEntry",
-    "decode_header",
     "encode_header",
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Span:
     offset: int = 0
     length: int = 0
@@ -77,7 +69,7 @@ class Span:
 NO_SPAN = Span()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     name: str
     shape: tuple[int, ...]
@@ -99,7 +91,7 @@ class TensorEntry:
         return self.codes.length + self.scales.length + self.zeros.length
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SectionEntry:
     kind: int  # a SectionKind, or an unknown value from a newer writer
     name: str
@@ -118,7 +110,7 @@ class SectionEntry:
             return f"unknown({self.kind})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelIdentity:
     name: str
     version: str
@@ -126,7 +118,7 @@ class ModelIdentity:
     config: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Provenance:
     tool: str = "edgepack"
     tool_version: str = ""
@@ -242,7 +234,9 @@ def _encode_tensor(b, t: TensorEntry, s, bytes_vec, offsets_vec) -> int:
         b.PrependUint64(dim)
     shape = b.EndVector()
     digest = bytes_vec(t.hash)
-    factors = offsets_vec(fb_Tensor.StartFactorsVector, [s(f) for f in t.factors]) if t.factors else 0
+    factors = (
+        offsets_vec(fb_Tensor.StartFactorsVector, [s(f) for f in t.factors]) if t.factors else 0
+    )
     fb_Tensor.Start(b)
     fb_Tensor.AddName(b, name)
     fb_Tensor.AddShape(b, shape)
@@ -271,211 +265,3 @@ def _encode_section(b, sec: SectionEntry, s, bytes_vec) -> int:
     fb_Section.AddHash(b, digest)
     fb_Section.AddRequired(b, sec.required)
     return fb_Section.End(b)
-
-
-# ---------------------------------------------------------------- decoding
-
-_U32 = struct.Struct("<I")
-_SPAN = struct.Struct("<QQ")
-
-
-class _Reader:
-    """Bounds-checked access to fields of a generated table (strings, vectors, spans)."""
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.size = len(buf)
-
-    def _field_pos(self, table, slot: int) -> int:
-        off = table._tab.Offset(slot)
-        return table._tab.Pos + off if off else 0
-
-    def vector(self, table, slot: int, elem_size: int) -> tuple[int, int]:
-        """Return (start, count) of a vector field, checked to lie in the buffer."""
-        pos = self._field_pos(table, slot)
-        if not pos:
-            return 0, 0
-        start = pos + _U32.unpack_from(self.buf, pos)[0]
-        count = _U32.unpack_from(self.buf, start)[0]
-        if start + 4 + count * elem_size > self.size:
-            raise CorruptPackageError("header vector runs past the end of the header")
-        return start + 4, count
-
-    def string(self, table, slot: int, required: bool = False, what: str = "string") -> str:
-        start, count = self.vector(table, slot, 1)
-        if not start:
-            if required:
-                raise CorruptPackageError(f"header is missing the required field {what}")
-            return ""
-        return self.buf[start : start + count].decode("utf-8")
-
-    def bytes_field(self, table, slot: int) -> bytes:
-        start, count = self.vector(table, slot, 1)
-        return self.buf[start : start + count] if start else b""
-
-    def span(self, table, slot: int) -> Span:
-        pos = self._field_pos(table, slot)
-        if not pos:
-            return NO_SPAN
-        if pos + 16 > self.size:
-            raise CorruptPackageError("header span runs past the end of the header")
-        return Span(*_SPAN.unpack_from(self.buf, pos))
-
-    def tables(self, table, slot: int, limit: int, what: str) -> list[int]:
-        """Absolute positions of the tables in a vector-of-tables field."""
-        start, count = self.vector(table, slot, 4)
-        if count > limit:
-            raise CorruptPackageError(f"header lists {count} {what}, more than the limit {limit}")
-        positions = []
-        for i in range(count):
-            p = start + 4 * i
-            positions.append(p + _U32.unpack_from(self.buf, p)[0])
-        return positions
-
-
-# vtable slots (4 + 2 * field index), fixed by the schema's field order
-_H_MIN_RT, _H_OPS, _H_FEATURES, _H_IDENTITY, _H_PROVENANCE = 6, 12, 14, 16, 18
-_H_TENSORS, _H_SECTIONS = 24, 26
-_T_NAME, _T_SHAPE, _T_CODES, _T_SCALES, _T_ZEROS, _T_HASH, _T_FACTORS = 4, 6, 12, 14, 16, 18, 20
-_S_NAME, _S_MEDIA, _S_DATA, _S_HASH = 6, 8, 10, 16
-_I_NAME, _I_VERSION, _I_ARCH, _I_CONFIG = 4, 6, 8, 10
-_P_TOOL, _P_TOOL_VERSION, _P_SOURCE, _P_SOURCE_SHA, _P_RECIPE, _P_CREATED = 4, 6, 8, 10, 12, 14
-_O_NAME = 4
-
-_DECODE_FAILURES = (
-    IndexError,
-    struct.error,
-    UnicodeDecodeError,
-    ValueError,
-    TypeError,
-    OverflowError,
-    RecursionError,
-)
-
-
-def decode_header(buf: bytes) -> Header:
-    """Parse flatbuffer bytes into a :class:`Header`; any malformation is typed."""
-    if len(buf) < 8 or buf[4:8] != b"EPK1":
-        raise CorruptPackageError("header does not carry the flatbuffer identifier EPK1")
-    try:
-        return _decode(buf)
-    except CorruptPackageError:
-        raise
-    except _DECODE_FAILURES as exc:
-        raise CorruptPackageError(f"header is malformed ({type(exc).__name__}: {exc})") from None
-
-
-def _decode(buf: bytes) -> Header:
-    r = _Reader(buf)
-    h = fb_Header.Header.GetRootAs(buf, 0)
-
-    ident_tab = h.Identity()
-    if ident_tab is None:
-        raise CorruptPackageError("header has no model identity")
-    identity = ModelIdentity(
-        name=r.string(ident_tab, _I_NAME, True, "identity.name"),
-        version=r.string(ident_tab, _I_VERSION, True, "identity.version"),
-        architecture=r.string(ident_tab, _I_ARCH, True, "identity.architecture"),
-        config=_json_object(r.string(ident_tab, _I_CONFIG), "identity.config_json") or {},
-    )
-    prov_tab = h.Provenance()
-    provenance = Provenance()
-    if prov_tab is not None:
-        provenance = Provenance(
-            tool=r.string(prov_tab, _P_TOOL),
-            tool_version=r.string(prov_tab, _P_TOOL_VERSION),
-            source_name=r.string(prov_tab, _P_SOURCE),
-            source_sha256=r.string(prov_tab, _P_SOURCE_SHA),
-            recipe=_json_object(r.string(prov_tab, _P_RECIPE), "provenance.recipe_json"),
-            created=r.string(prov_tab, _P_CREATED),
-        )
-
-    ops = []
-    op = fb_Op.OperatorRequirement()
-    for pos in r.tables(h, _H_OPS, 4096, "required operators"):
-        op.Init(buf, pos)
-        ops.append((r.string(op, _O_NAME, True, "operator name"), op.Version()))
-    feat_start, feat_count = r.vector(h, _H_FEATURES, 4)
-    if feat_count > 4096:
-        raise CorruptPackageError(f"header lists {feat_count} required features")
-    features = [_string_at(buf, feat_start + 4 * i) for i in range(feat_count)]
-
-    tensors = []
-    t = fb_Tensor.TensorInfo()
-    for pos in r.tables(h, _H_TENSORS, MAX_TENSORS, "tensors"):
-        t.Init(buf, pos)
-        shape_start, ndim = r.vector(t, _T_SHAPE, 8)
-        if ndim > 64:
-            raise CorruptPackageError(f"a tensor declares {ndim} dimensions")
-        shape = tuple(int(x) for x in np.frombuffer(buf, "<u8", ndim, shape_start)) if ndim else ()
-        f_start, f_count = r.vector(t, _T_FACTORS, 4)
-        if f_count > 2:
-            raise CorruptPackageError(f"a tensor names {f_count} factors; low-rank has 2")
-        factors = [_string_at(buf, f_start + 4 * i) for i in range(f_count)]
-        tensors.append(
-            TensorEntry(
-                name=r.string(t, _T_NAME, True, "tensor name"),
-                shape=shape,
-                encoding=t.Encoding(),  # checked in validate.py
-                codes=r.span(t, _T_CODES),
-                scales=r.span(t, _T_SCALES),
-                zeros=r.span(t, _T_ZEROS),
-                hash=r.bytes_field(t, _T_HASH),
-                group_size=t.GroupSize(),
-                factors=tuple(factors),
-                rank=t.Rank(),
-            )
-        )
-
-    sections = []
-    sec = fb_Section.Section()
-    for pos in r.tables(h, _H_SECTIONS, MAX_SECTIONS, "sections"):
-        sec.Init(buf, pos)
-        sections.append(
-            SectionEntry(
-                kind=sec.Kind(),
-                name=r.string(sec, _S_NAME),
-                media_type=r.string(sec, _S_MEDIA),
-                data=r.span(sec, _S_DATA),
-                hash=r.bytes_field(sec, _S_HASH),
-                compression=sec.Compression(),  # checked in validate.py
-                uncompressed_length=sec.UncompressedLength(),
-                required=bool(sec.Required()),
-            )
-        )
-
-    return Header(
-        identity=identity,
-        min_runtime_version=r.string(h, _H_MIN_RT, True, "min_runtime_version"),
-        tensors=tuple(tensors),
-        sections=tuple(sections),
-        required_operators=tuple(ops),
-        required_features=tuple(features),
-        provenance=provenance,
-        format_version=h.FormatVersion(),
-        quantization_schema_version=h.QuantizationSchemaVersion(),
-        operator_set_version=h.OperatorSetVersion(),
-        hash_algorithm=h.HashAlgorithm(),
-        data_alignment=h.DataAlignment(),
-    )
-
-
-def _string_at(buf: bytes, slot_pos: int) -> str:
-    """A string referenced by the uoffset stored at ``slot_pos`` (vector-of-strings item)."""
-    start = slot_pos + _U32.unpack_from(buf, slot_pos)[0]
-    n = _U32.unpack_from(buf, start)[0]
-    if start + 4 + n > len(buf):
-        raise CorruptPackageError("a header string runs past the end of the header")
-    return buf[start + 4 : start + 4 + n].decode("utf-8")
-
-
-def _json_object(text: str, what: str) -> dict[str, Any] | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CorruptPackageError(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise CorruptPackageError(f"{what} must be a JSON object")
-    return value

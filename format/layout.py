@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -42,6 +43,7 @@ def as_matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
+@lru_cache(maxsize=4096)  # models repeat a handful of shapes; opening stays O(header)
 def tensor_layout(encoding: Encoding, shape: tuple[int, ...], group_size: int = 0) -> TensorLayout:
     """Return the parts an encoding stores for a tensor of ``shape``.
 

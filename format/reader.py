@@ -20,7 +20,8 @@ import zstandard
 from .compat import CompatibilityVerdict, RuntimeCapabilities, check_compatibility
 from .constants import PREAMBLE_SIZE, Compression, Encoding, SectionKind
 from .errors import CorruptPackageError, IncompatiblePackageError
-from .header import Header, SectionEntry, Span, TensorEntry, decode_header
+from .header import Header, SectionEntry, Span, TensorEntry
+from .header_decode import decode_header
 from .layout import tensor_layout
 from .preamble import Preamble
 from .signing import parse_signature_block, verify_signature_block
@@ -70,8 +71,9 @@ class VerifyReport:
 class Package:
     """A read-only, memory-mapped package. Use :meth:`open`."""
 
-    def __init__(self, path: Path, fileobj, mm: mmap.mmap, pre: Preamble, header: Header,
-                 header_bytes: bytes) -> None:
+    def __init__(
+        self, path: Path, fileobj, mm: mmap.mmap, pre: Preamble, header: Header, header_bytes: bytes
+    ) -> None:
         self.path = path
         self._file = fileobj
         self._mm = mm
@@ -86,7 +88,7 @@ class Package:
     ) -> Package:
         """Open and check a package; with ``capabilities`` also refuse incompatible ones."""
         path = Path(path)
-        f = open(path, "rb")  # noqa: SIM115 - owned by the Package, closed in close()
+        f = open(path, "rb")
         try:
             size = os.fstat(f.fileno()).st_size
             pre = Preamble.unpack(f.read(PREAMBLE_SIZE), size)
@@ -212,8 +214,9 @@ class Package:
         signers: list[bytes] = []
         block = self.signature_block()
         if trusted_keys is not None:
-            signers = verify_signature_block(block, self.preamble.header_digest,
-                                             list(trusted_keys), threshold)
+            signers = verify_signature_block(
+                block, self.preamble.header_digest, list(trusted_keys), threshold
+            )
         elif block:
             parse_signature_block(block)  # malformed blocks are an error even unchecked
         names = self.tensor_names if tensors is None else list(tensors)
@@ -274,4 +277,3 @@ def _decompress(stored: bytes, sec: SectionEntry) -> bytes:
     if len(out) != sec.uncompressed_length:
         raise CorruptPackageError(f"section {sec.name!r} decompressed to the wrong size")
     return out
-

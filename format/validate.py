@@ -31,12 +31,11 @@ from .preamble import Preamble
 __all__ = ["KNOWN_FEATURES", "validate_header"]
 
 KNOWN_FEATURES: frozenset[str] = frozenset()
-_KNOWN_ENCODINGS = frozenset(int(e) for e in Encoding)
 _KNOWN_KINDS = frozenset(int(k) for k in SectionKind)
 
 
 def validate_header(header: Header, pre: Preamble) -> Header:
-    """Check ``header`` against the preamble's data region; return it with typed enums."""
+    """Check ``header`` against the preamble's data region; return it unchanged."""
     if header.format_version != FORMAT_MAJOR:
         raise CorruptPackageError(
             f"header format_version {header.format_version} disagrees with the preamble"
@@ -53,7 +52,9 @@ def validate_header(header: Header, pre: Preamble) -> Header:
             f"package requires features this reader does not know: {', '.join(unknown)}; "
             "update edgepack"
         )
-    tensors = tuple(_check_tensor(t) for t in header.tensors)
+    tensors = header.tensors
+    for t in tensors:
+        _check_tensor(t)
     names = {t.name for t in tensors}
     if len(names) != len(tensors):
         raise CorruptPackageError("two tensors have the same name")
@@ -76,7 +77,7 @@ def validate_header(header: Header, pre: Preamble) -> Header:
             raise UnsupportedFeatureError(
                 f"package has a required section of unknown kind {sec.kind}; update edgepack"
             )
-        if sec.compression not in (Compression.NONE, Compression.ZSTD):
+        if not isinstance(sec.compression, Compression):
             raise UnsupportedFeatureError(f"section {sec.name!r}: unknown compression")
         if sec.uncompressed_length > MAX_SECTION_UNCOMPRESSED:
             raise CorruptPackageError(f"section {sec.name!r} claims an absurd size")
@@ -86,31 +87,18 @@ def validate_header(header: Header, pre: Preamble) -> Header:
             spans.append((sec.data, f"section {sec.kind_name}/{sec.name!r}"))
         sections.append(sec)
     _check_spans(spans, pre)
-    return Header(
-        identity=header.identity,
-        min_runtime_version=header.min_runtime_version,
-        tensors=tensors,
-        sections=tuple(sections),
-        required_operators=header.required_operators,
-        required_features=header.required_features,
-        provenance=header.provenance,
-        format_version=header.format_version,
-        quantization_schema_version=header.quantization_schema_version,
-        operator_set_version=header.operator_set_version,
-        hash_algorithm=header.hash_algorithm,
-        data_alignment=header.data_alignment,
-    )
+    return header
 
 
-def _check_tensor(t: TensorEntry) -> TensorEntry:
+def _check_tensor(t: TensorEntry) -> None:
     where = f"tensor {t.name!r}"
     if not t.name or len(t.name.encode()) > MAX_NAME_BYTES:
         raise CorruptPackageError(f"{where}: name is empty or longer than {MAX_NAME_BYTES} bytes")
-    if int(t.encoding) not in _KNOWN_ENCODINGS:
+    if not isinstance(t.encoding, Encoding):
         raise UnsupportedFeatureError(
             f"{where} uses encoding {int(t.encoding)}, unknown to this reader; update edgepack"
         )
-    encoding = Encoding(t.encoding)
+    encoding = t.encoding
     if len(t.shape) > MAX_NDIM:
         raise CorruptPackageError(f"{where}: {len(t.shape)} dimensions (max {MAX_NDIM})")
     if any(d >= MAX_DIM for d in t.shape) or math.prod(t.shape) >= MAX_ELEMENTS:
@@ -120,7 +108,10 @@ def _check_tensor(t: TensorEntry) -> TensorEntry:
     except ValueError as exc:
         raise CorruptPackageError(f"{where}: {exc}") from None
     for part_name, span, part in zip(
-        ("codes", "scales", "zeros"), t.spans, (layout.codes, layout.scales, layout.zeros)
+        ("codes", "scales", "zeros"),
+        t.spans,
+        (layout.codes, layout.scales, layout.zeros),
+        strict=True,
     ):
         want = part.nbytes if part is not None else 0
         if span.length != want:
@@ -139,18 +130,6 @@ def _check_tensor(t: TensorEntry) -> TensorEntry:
         raise CorruptPackageError(f"{where}: factors given for a non-low-rank tensor")
     if not encoding.is_group and t.group_size:
         raise CorruptPackageError(f"{where}: group size given for {encoding.name}")
-    return TensorEntry(
-        name=t.name,
-        shape=t.shape,
-        encoding=encoding,
-        codes=t.codes,
-        scales=t.scales,
-        zeros=t.zeros,
-        hash=t.hash,
-        group_size=t.group_size,
-        factors=t.factors,
-        rank=t.rank,
-    )
 
 
 def _check_factors(t: TensorEntry, by_name: dict[str, TensorEntry]) -> None:
@@ -165,8 +144,7 @@ def _check_factors(t: TensorEntry, by_name: dict[str, TensorEntry]) -> None:
     rows, cols = t.shape[0], math.prod(t.shape[1:])
     if u.shape != (rows, t.rank) or v.shape != (t.rank, cols):
         raise CorruptPackageError(
-            f"{where}: factor shapes {u.shape} x {v.shape} do not make {t.shape} "
-            f"at rank {t.rank}"
+            f"{where}: factor shapes {u.shape} x {v.shape} do not make {t.shape} at rank {t.rank}"
         )
 
 

@@ -29,8 +29,16 @@ from .constants import (
     Encoding,
     SectionKind,
 )
-from .header import Header, ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
-from .header import decode_header, encode_header
+from .header import (
+    Header,
+    ModelIdentity,
+    Provenance,
+    SectionEntry,
+    Span,
+    TensorEntry,
+    encode_header,
+)
+from .header_decode import decode_header
 from .layout import tensor_layout
 from .preamble import Preamble
 from .signing import build_signature_block
@@ -76,7 +84,7 @@ class PackageWriter:
         self._min_runtime_version = min_runtime_version
         self._required_operators = tuple(required_operators)
         self._provenance = provenance or Provenance()
-        self._spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in finish/abort
+        self._spool = tempfile.NamedTemporaryFile(
             dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".spool", delete=False
         )
         self._position = 0  # next free byte in the data region, relative to its start
@@ -118,8 +126,10 @@ class PackageWriter:
         digest = hashlib.sha256()
         spans = []
         for part_name, array, part in zip(
-            ("codes", "scales", "zeros"), (codes, scales, zeros), (layout.codes, layout.scales,
-                                                                   layout.zeros)
+            ("codes", "scales", "zeros"),
+            (codes, scales, zeros),
+            (layout.codes, layout.scales, layout.zeros),
+            strict=True,
         ):
             if part is None:
                 if array is not None:
@@ -222,8 +232,9 @@ class PackageWriter:
             )
             # Never write a file our own reader would refuse (bad factors, overlaps...).
             validate_header(decode_header(header_bytes), preamble)
-            fd, tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                            suffix=".partial")
+            fd, tmp_name = tempfile.mkstemp(
+                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial"
+            )
             try:
                 with os.fdopen(fd, "wb") as out:
                     out.write(preamble.pack())

@@ -58,8 +58,9 @@ def _fit_group(choice: EncodingChoice, cols: int) -> tuple[EncodingChoice, str]:
         return choice, "uniform"
     for g in (128, 64, 32, 16, 8):
         if g < choice.group_size and cols % g == 0:
-            return EncodingChoice(choice.encoding, g), f"row length {cols} not divisible by " \
-                f"{choice.group_size}: group {g}"
+            return EncodingChoice(
+                choice.encoding, g
+            ), f"row length {cols} not divisible by {choice.group_size}: group {g}"
     return EncodingChoice(Encoding.INT8_CHANNEL), f"row length {cols} fits no int4 group: int8"
 
 
@@ -139,7 +140,7 @@ def convert(
         required_operators=ops,
         provenance=provenance,
     ) as writer:
-        for tensor, plan in zip(source.tensors, plans):
+        for tensor, plan in zip(source.tensors, plans, strict=True):
             encoded = encode_tensor(tensor.load(), plan.choice, tensor.name)
             entry = writer.add_tensor(
                 tensor.name,
@@ -163,27 +164,35 @@ def convert(
 def _add_sections(writer: PackageWriter, source: SourceModel, plans: list[TensorPlan]) -> None:
     if source.tokenizer_json:
         writer.add_section(
-            SectionKind.TOKENIZER, source.tokenizer_json.encode(), name="tokenizer.json",
+            SectionKind.TOKENIZER,
+            source.tokenizer_json.encode(),
+            name="tokenizer.json",
             media_type="application/json",
         )
     if source.chat_template:
         writer.add_section(
-            SectionKind.CHAT_TEMPLATE, source.chat_template.encode(), name="default",
+            SectionKind.CHAT_TEMPLATE,
+            source.chat_template.encode(),
+            name="default",
             media_type="text/x-jinja2",
         )
     raw_config = source.config.get("source_config")
     if raw_config is not None:
         writer.add_section(
-            SectionKind.MODEL_CONFIG, json.dumps(raw_config, sort_keys=True, default=str).encode(),
-            name="source", media_type="application/json",
+            SectionKind.MODEL_CONFIG,
+            json.dumps(raw_config, sort_keys=True, default=str).encode(),
+            name="source",
+            media_type="application/json",
         )
     plan_doc = {
         "method": "uniform",
         "tensors": {p.name: {"encoding": p.choice.label, "reason": p.reason} for p in plans},
     }
     writer.add_section(
-        SectionKind.PRECISION_PLAN, json.dumps(plan_doc, sort_keys=True).encode(),
-        name="plan", media_type="application/json",
+        SectionKind.PRECISION_PLAN,
+        json.dumps(plan_doc, sort_keys=True).encode(),
+        name="plan",
+        media_type="application/json",
     )
 
 

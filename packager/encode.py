@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgepack import native
-from edgepack.format import Encoding, EncodingError
-from edgepack.format import codecs
+from edgepack.format import Encoding, EncodingError, codecs
 
 __all__ = ["EncodedTensor", "EncodingChoice", "encode_tensor", "parse_encoding"]
 
