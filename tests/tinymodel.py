@@ -36,8 +36,11 @@ def tiny_llama_tensors(seed: int = 0) -> dict[str, np.ndarray]:
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
-    tensors = {"model.embed_tokens.weight": w(v, h), "model.norm.weight": np.ones(h, np.float32),
-               "lm_head.weight": w(v, h)}
+    tensors = {
+        "model.embed_tokens.weight": w(v, h),
+        "model.norm.weight": np.ones(h, np.float32),
+        "lm_head.weight": w(v, h),
+    }
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors |= {

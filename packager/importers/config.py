@@ -1,0 +1,153 @@
+"""Canonical Llama-family config from an HF ``config.json`` or from GGUF metadata.
+
+Both sources end up with the same keys, so the packager reads one dict::
+
+    hidden_size intermediate_size num_hidden_layers num_attention_heads
+    num_key_value_heads head_dim vocab_size rms_norm_eps rope_theta
+    rope_scaling (dict with "rope_type", or None) max_position_embeddings
+    tie_word_embeddings attention_bias bos_token_id eos_token_id
+    family ("llama", "qwen2", "mistral": the source's own model type)
+    variant (a best-effort model name such as "smollm2", or None)
+    source_config (the raw config / metadata it came from)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from edgepack.format.errors import ImportModelError
+
+__all__ = ["gguf_source_config", "llama_config_from_gguf", "llama_config_from_hf"]
+
+
+def _require(raw: Mapping[str, Any], key: str, where: str) -> Any:
+    value = raw.get(key)
+    if value is None:
+        raise ImportModelError(f"{where} lacks {key!r}, which a Llama-family model needs")
+    return value
+
+
+def _as_int(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ImportModelError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _normalise_rope_scaling(scaling: Any) -> dict[str, Any] | None:
+    if not isinstance(scaling, Mapping):
+        return None
+    out = dict(scaling)
+    rope_type = out.pop("type", None)
+    out.setdefault("rope_type", rope_type)
+    if out["rope_type"] in (None, "default", "none"):
+        return None
+    return out
+
+
+def _shape_checks(cfg: dict[str, Any], where: str) -> None:
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    if heads % kv:
+        raise ImportModelError(f"{where}: {heads} attention heads not divisible by {kv} KV heads")
+    if cfg["head_dim"] % 2:
+        raise ImportModelError(f"{where}: head_dim {cfg['head_dim']} is odd, RoPE needs pairs")
+
+
+def llama_config_from_hf(
+    raw: Mapping[str, Any], tensor_names: set[str], where: str = "config.json"
+) -> dict[str, Any]:
+    """Canonical config from an HF config; ``tensor_names`` are the checkpoint's HF names."""
+    ints = {}
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        ints[key] = _as_int(_require(raw, key, where), key, where)
+    kv = _as_int(raw.get("num_key_value_heads") or ints["num_attention_heads"], "kv", where)
+    head_dim = raw.get("head_dim") or ints["hidden_size"] // ints["num_attention_heads"]
+    # transformers >= 5 moved rope settings into ``rope_parameters``.
+    rope_params = raw.get("rope_parameters")
+    rope_params = rope_params if isinstance(rope_params, Mapping) else {}
+    rope_theta = raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
+    scaling = raw.get("rope_scaling") or rope_params
+    has_bias = any(n.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) for n in tensor_names)
+    # A checkpoint without lm_head can only mean tied embeddings.
+    tied = bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names
+    name = str(raw.get("_name_or_path") or "")
+    cfg: dict[str, Any] = {
+        **ints,
+        "num_key_value_heads": kv,
+        "head_dim": _as_int(head_dim, "head_dim", where),
+        "vocab_size": _as_int(_require(raw, "vocab_size", where), "vocab_size", where),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(rope_theta),
+        "rope_scaling": _normalise_rope_scaling(scaling),
+        "max_position_embeddings": int(raw.get("max_position_embeddings", 2048)),
+        "tie_word_embeddings": tied,
+        "attention_bias": bool(raw.get("attention_bias", False)) or has_bias,
+        "bos_token_id": raw.get("bos_token_id"),
+        "eos_token_id": raw.get("eos_token_id"),
+        "family": str(raw.get("model_type", "llama")),
+        "variant": name.rstrip("/").rsplit("/", 1)[-1].lower() or None,
+        "source_config": dict(raw),
+    }
+    _shape_checks(cfg, where)
+    return cfg
+
+
+def gguf_source_config(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """GGUF metadata minus the (huge) tokenizer arrays, kept as ``source_config``."""
+    return {
+        k: v
+        for k, v in meta.items()
+        if not (k.startswith("tokenizer.ggml.") and isinstance(v, list))
+    }
+
+
+def llama_config_from_gguf(
+    meta: Mapping[str, Any], tensor_names: set[str], where: str = "GGUF"
+) -> dict[str, Any]:
+    """Canonical config from GGUF metadata (``{arch}.*`` keys); names are canonical."""
+    arch = str(meta.get("general.architecture", "llama"))
+
+    def key(suffix: str) -> str:
+        return f"{arch}.{suffix}"
+
+    hidden = _as_int(_require(meta, key("embedding_length"), where), "embedding_length", where)
+    heads = _as_int(_require(meta, key("attention.head_count"), where), "head_count", where)
+    kv = meta.get(key("attention.head_count_kv"), heads)
+    if isinstance(kv, list):  # per-layer KV heads: only uniform lists map to this config
+        if len(set(kv)) != 1:
+            raise ImportModelError(f"{where}: per-layer KV head counts {kv} are not supported")
+        kv = kv[0]
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(key("vocab_size")) or (len(tokens) if tokens else None)
+    scaling_type = meta.get(key("rope.scaling.type"))
+    scaling = None
+    if scaling_type not in (None, "none"):
+        scaling = {"rope_type": scaling_type, "factor": meta.get(key("rope.scaling.factor"))}
+        original = meta.get(key("rope.scaling.original_context_length"))
+        if original is not None:
+            scaling["original_max_position_embeddings"] = original
+    basename = meta.get("general.basename")
+    cfg: dict[str, Any] = {
+        "hidden_size": hidden,
+        "intermediate_size": _as_int(
+            _require(meta, key("feed_forward_length"), where), "feed_forward_length", where
+        ),
+        "num_hidden_layers": _as_int(_require(meta, key("block_count"), where), "blocks", where),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _as_int(kv, "head_count_kv", where),
+        "head_dim": _as_int(meta.get(key("attention.key_length"), hidden // heads), "hd", where),
+        "vocab_size": _as_int(_require({"vocab": vocab}, "vocab", where), "vocab_size", where),
+        "rms_norm_eps": float(meta.get(key("attention.layer_norm_rms_epsilon"), 1e-6)),
+        "rope_theta": float(meta.get(key("rope.freq_base"), 10000.0)),
+        "rope_scaling": scaling,
+        "max_position_embeddings": int(meta.get(key("context_length"), 2048)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "layers.0.attn_q.bias" in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "family": arch,
+        "variant": str(basename).lower() if basename else None,
+        "source_config": gguf_source_config(meta),
+    }
+    _shape_checks(cfg, where)
+    return cfg

@@ -1,0 +1,151 @@
+"""Canonical tensor names for the Llama family, from HF safetensors and from GGUF.
+
+Canonical names (HF layout, numpy order ``[out_features, in_features]``)::
+
+    embed.weight
+    layers.{i}.attn_norm.weight
+    layers.{i}.attn_q.weight  layers.{i}.attn_k.weight  layers.{i}.attn_v.weight
+    layers.{i}.attn_q.bias    layers.{i}.attn_k.bias    layers.{i}.attn_v.bias  (Qwen2)
+    layers.{i}.attn_o.weight
+    layers.{i}.ffn_norm.weight
+    layers.{i}.ffn_gate.weight layers.{i}.ffn_up.weight layers.{i}.ffn_down.weight
+    norm.weight
+    output.weight             (absent when the embeddings are tied)
+
+A tensor whose source name is not in these tables (``rope_freqs.weight``,
+``model.layers.0.self_attn.rotary_emb.inv_freq``...) keeps its source name unchanged, so an
+unusual checkpoint imports rather than crashes and the packager decides what to do with it.
+
+Q and K rows: llama.cpp's converter permutes them for its interleaved RoPE; the canonical
+layout is HF's rotate-half one, so GGUF ``llama`` tensors go through :func:`unpermute_qk`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+__all__ = [
+    "LLAMA_FAMILY",
+    "canonical_from_gguf",
+    "canonical_from_hf",
+    "canonical_sort_key",
+    "permute_qk",
+    "unpermute_qk",
+]
+
+# HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2"})
+
+_HF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_o.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_HF_GLOBAL = {
+    "model.embed_tokens.weight": "embed.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_GGUF_LAYER = {
+    "attn_norm.weight": "attn_norm.weight",
+    "attn_q.weight": "attn_q.weight",
+    "attn_k.weight": "attn_k.weight",
+    "attn_v.weight": "attn_v.weight",
+    "attn_q.bias": "attn_q.bias",
+    "attn_k.bias": "attn_k.bias",
+    "attn_v.bias": "attn_v.bias",
+    "attn_output.weight": "attn_o.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "ffn_gate.weight": "ffn_gate.weight",
+    "ffn_up.weight": "ffn_up.weight",
+    "ffn_down.weight": "ffn_down.weight",
+}
+_GGUF_GLOBAL = {
+    "token_embd.weight": "embed.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "output.weight",
+}
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def _canonical(
+    name: str, pattern: re.Pattern[str], layer: dict[str, str], glob: dict[str, str]
+) -> str:
+    if name in glob:
+        return glob[name]
+    match = pattern.fullmatch(name)
+    if match and match.group(2) in layer:
+        return f"layers.{int(match.group(1))}.{layer[match.group(2)]}"
+    return name
+
+
+def canonical_from_hf(name: str) -> str:
+    """Canonical name of an HF Llama-family tensor; unknown names come back unchanged."""
+    return _canonical(name, _HF_LAYER_RE, _HF_LAYER, _HF_GLOBAL)
+
+
+def canonical_from_gguf(name: str) -> str:
+    """Canonical name of a GGUF Llama-family tensor; unknown names come back unchanged."""
+    return _canonical(name, _GGUF_LAYER_RE, _GGUF_LAYER, _GGUF_GLOBAL)
+
+
+_LAYER_ORDER = {
+    role: k
+    for k, role in enumerate(
+        [
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_o",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ]
+    )
+}
+_GLOBAL_ORDER = {"embed.weight": (0,), "norm.weight": (2,), "output.weight": (3,)}
+_CANONICAL_LAYER_RE = re.compile(r"layers\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def canonical_sort_key(name: str) -> tuple[int | str, ...]:
+    """Order tensors as the graph uses them (embed, layer by layer, norm, output, others), so
+    the same model imports in the same order from any format."""
+    if name in _GLOBAL_ORDER:
+        return _GLOBAL_ORDER[name]
+    match = _CANONICAL_LAYER_RE.fullmatch(name)
+    if match and match.group(2) in _LAYER_ORDER:
+        return (1, int(match.group(1)), _LAYER_ORDER[match.group(2)], match.group(3))
+    return (4, name)
+
+
+def _check_heads(rows: int, n_head: int) -> None:
+    if n_head <= 0 or rows % (2 * n_head):
+        raise ValueError(f"{rows} rows cannot be split into {n_head} heads of even size")
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's Q/K row permutation (rotate-half -> interleaved RoPE), for tests and tools."""
+    _check_heads(w.shape[0], n_head)
+    rest = w.shape[1:]
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo :func:`permute_qk`: interleaved pairs back to HF's rotate-half halves per head."""
+    _check_heads(w.shape[0], n_head)
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
