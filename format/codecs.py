@@ -1,0 +1,271 @@
+"""Reference weight quantizers: the normative definition of edgepack's tensor encodings.
+
+A quantized tensor is viewed as a 2-D ``[R, C]`` float32 matrix (``R = shape[0]``,
+``C = prod(shape[1:])``, one row per output channel).  Every step below is float32
+arithmetic with round-half-to-even, so any other implementation (the native kernels)
+must reproduce these outputs bit for bit.  Native code is tested against this module.
+
+* int8 per channel:  ``d = max|w| / 127``, ``q = clip(rint(w / d), -127, 127)``.
+* int4 symmetric (group ``g``):  ``d = f16(w[argmax|w|] / -8)``,
+  ``nibble = clip(rint(w / d), -8, 7) + 8``.
+* int4 asymmetric (group ``g``):  ``d = f16((max - min) / 15)``, ``m = f16(min)``,
+  ``nibble = clip(rint((w - m) / d), 0, 15)``.
+
+Division by the scale is a multiply by ``inv = 1/d`` (``0`` when ``d == 0``).  A product
+``0 * inf`` (a zero weight in an int8 row whose scale is so small that ``1/d`` overflows)
+is defined to quantize to ``0``.  Signed zeros of ``min``/``max`` are canonicalised to
+``+0`` so the stored ``mins``/``scales`` bits do not depend on reduction order.
+Nibbles are packed two per byte, even element in the low nibble.
+
+Inputs must be finite and every float16 scale/min representable, otherwise
+:class:`~edgepack.format.errors.EncodingError` is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from edgepack.format.errors import EncodingError
+
+__all__ = [
+    "dequantize_int4_group",
+    "dequantize_int8_channel",
+    "pack_nibbles",
+    "quantize_int4_group",
+    "quantize_int8_channel",
+    "unpack_nibbles",
+]
+
+# Rows are processed in chunks of about this many elements so temporaries stay small.
+_CHUNK_ELEMS = 1 << 18
+_MIN_GROUP = 8
+_MAX_GROUP = 4096
+
+_F32 = np.float32
+_ONE = _F32(1.0)
+_ZERO = _F32(0.0)
+
+
+def _as_matrix(w: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Return ``w`` as a C-contiguous float32 ``[R, C]`` view plus its original shape."""
+    a = np.asarray(w)
+    if a.dtype.kind != "f":
+        raise EncodingError(f"cannot encode tensor of dtype {a.dtype}: a float dtype is required")
+    if a.ndim < 2:
+        raise EncodingError(f"cannot encode a {a.ndim}-D tensor: at least 2 dimensions needed")
+    if a.size == 0:
+        raise EncodingError(f"cannot encode empty tensor of shape {a.shape}")
+    with np.errstate(over="ignore"):  # f64 beyond f32 range becomes inf, reported below
+        m = np.ascontiguousarray(a, dtype=_F32).reshape(a.shape[0], -1)
+    return m, a.shape
+
+
+def _row_blocks(rows: int, cols: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(r0, r1)`` row ranges of about ``_CHUNK_ELEMS`` elements each."""
+    step = max(1, _CHUNK_ELEMS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        yield r0, min(rows, r0 + step)
+
+
+def _raise_first_error(
+    block: np.ndarray,
+    row0: int,
+    shape: tuple[int, ...],
+    f16: tuple[tuple[str, np.ndarray], ...] = (),
+) -> None:
+    """Raise for the first bad row of ``block``, if any.
+
+    Within a row a non-finite weight wins over a float16 overflow; within a group the
+    scale is checked before the min.  The native kernels report errors in the same order.
+    """
+    bad = ~np.isfinite(block)
+    bad_rows = bad.any(axis=1)
+    over = np.zeros(block.shape[0], dtype=bool)
+    for _, values in f16:
+        over |= np.isinf(values).any(axis=1)
+    if not (bad_rows.any() or over.any()):
+        return
+    r = int(np.argmax(bad_rows | over))
+    if bad_rows[r]:
+        c = int(np.argmax(bad[r]))
+        value = float(block[r, c])
+        flat = (row0 + r) * block.shape[1] + c
+        index = tuple(int(i) for i in np.unravel_index(flat, shape))
+        raise EncodingError(f"cannot encode tensor: non-finite value ({value}) at index {index}")
+    hits = np.zeros(f16[0][1].shape[1], dtype=bool)
+    for _, values in f16:
+        hits |= np.isinf(values[r])
+    grp = int(np.argmax(hits))
+    what = next(name for name, values in f16 if np.isinf(values[r, grp]))
+    raise EncodingError(
+        f"cannot encode tensor: float16 {what} overflows in row {row0 + r}, "
+        f"group {grp} (weights too large for int4)"
+    )
+
+
+def _check_group(cols: int, group_size: int) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+        raise EncodingError(f"group size must be an int, got {group_size!r}")
+    g = int(group_size)
+    if g < _MIN_GROUP or g > _MAX_GROUP or g % 8:
+        raise EncodingError(
+            f"group size {g} invalid: must be a multiple of 8 in [{_MIN_GROUP}, {_MAX_GROUP}]"
+        )
+    if cols % g:
+        raise EncodingError(f"row length {cols} is not a multiple of the group size {g}")
+
+
+def _reciprocal(d: np.ndarray) -> np.ndarray:
+    """``1/d`` where ``d != 0``, else ``0`` (float32; may be ``inf`` for subnormal ``d``)."""
+    return np.divide(_ONE, d, out=np.zeros_like(d), where=d != 0)
+
+
+def quantize_int8_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 with one float32 scale per row; returns ``(codes[R, C], scales[R])``."""
+    m, shape = _as_matrix(w)
+    rows, cols = m.shape
+    codes = np.empty((rows, cols), np.int8)
+    scales = np.empty(rows, _F32)
+    with np.errstate(all="ignore"):
+        for r0, r1 in _row_blocks(rows, cols):
+            blk = m[r0:r1]
+            _raise_first_error(blk, r0, shape)
+            d = np.abs(blk).max(axis=1) / _F32(127)
+            inv = _reciprocal(d)
+            x = blk * inv[:, None]
+            np.rint(x, out=x)
+            np.clip(x, -127, 127, out=x)
+            if np.isinf(inv).any():  # 0 * inf -> nan: a zero weight encodes as 0
+                x[np.isnan(x)] = 0
+            codes[r0:r1] = x
+            scales[r0:r1] = d
+    return codes, scales
+
+
+def dequantize_int8_channel(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`quantize_int8_channel`: ``codes * scales[:, None]`` as float32."""
+    codes = np.asarray(codes)
+    scales = np.asarray(scales)
+    if codes.dtype != np.int8 or codes.ndim != 2:
+        raise EncodingError(f"int8 codes must be a 2-D int8 array, got {codes.dtype} {codes.shape}")
+    if scales.dtype != _F32 or scales.shape != (codes.shape[0],):
+        raise EncodingError(
+            f"int8 scales must be float32 of shape ({codes.shape[0]},), "
+            f"got {scales.dtype} {scales.shape}"
+        )
+    return codes.astype(_F32) * scales[:, None]
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """Pack uint8 values 0..15 two per byte along the last axis (even index -> low nibble)."""
+    q = np.asarray(q)
+    if q.dtype != np.uint8 or q.ndim < 1 or q.shape[-1] % 2:
+        raise EncodingError(
+            f"nibbles must be uint8 with an even last dimension, got {q.dtype} {q.shape}"
+        )
+    if q.size and int(q.max()) > 15:
+        raise EncodingError("nibble values must be in 0..15")
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_nibbles`: ``[..., n]`` bytes -> ``[..., 2n]`` values 0..15."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8 or codes.ndim < 1:
+        raise EncodingError(f"packed nibbles must be uint8, got {codes.dtype} {codes.shape}")
+    out = np.empty((*codes.shape[:-1], codes.shape[-1] * 2), np.uint8)
+    out[..., 0::2] = codes & 0x0F
+    out[..., 1::2] = codes >> 4
+    return out
+
+
+def quantize_int4_group(
+    w: np.ndarray, group_size: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Group-wise int4; returns ``(codes[R, C/2] uint8, scales[R, C/g] f16, mins | None)``.
+
+    ``mins`` (float16, same shape as ``scales``) is only produced for the asymmetric form.
+    """
+    m, shape = _as_matrix(w)
+    rows, cols = m.shape
+    _check_group(cols, group_size)
+    g = int(group_size)
+    ngroups = cols // g
+    codes = np.empty((rows, cols // 2), np.uint8)
+    scales = np.empty((rows, ngroups), np.float16)
+    mins = None if symmetric else np.empty((rows, ngroups), np.float16)
+    with np.errstate(all="ignore"):
+        for r0, r1 in _row_blocks(rows, cols):
+            blk = m[r0:r1]
+            grp = blk.reshape(blk.shape[0], ngroups, g)
+            if symmetric:
+                idx = np.abs(grp).argmax(axis=-1)
+                peak = np.take_along_axis(grp, idx[..., None], axis=-1)[..., 0]
+                d16 = (peak / _F32(-8)).astype(np.float16)
+                _raise_first_error(blk, r0, shape, (("scale", d16),))
+                d = d16.astype(_F32)
+                x = grp * _reciprocal(d)[..., None]
+                np.rint(x, out=x)
+                np.clip(x, -8, 7, out=x)
+                x += 8
+            else:
+                lo = grp.min(axis=-1) + _ZERO  # + 0 turns -0 into +0
+                hi = grp.max(axis=-1) + _ZERO
+                d16 = ((hi - lo) / _F32(15)).astype(np.float16)
+                m16 = lo.astype(np.float16)
+                _raise_first_error(blk, r0, shape, (("scale", d16), ("min", m16)))
+                d = d16.astype(_F32)
+                x = grp - m16.astype(_F32)[..., None]
+                x *= _reciprocal(d)[..., None]
+                np.rint(x, out=x)
+                np.clip(x, 0, 15, out=x)
+                mins[r0:r1] = m16
+            codes[r0:r1] = pack_nibbles(x.astype(np.uint8).reshape(blk.shape[0], cols))
+            scales[r0:r1] = d16
+    return codes, scales, mins
+
+
+def dequantize_int4_group(
+    codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, group_size: int
+) -> np.ndarray:
+    """Inverse of :func:`quantize_int4_group`; returns float32 ``[R, C]``.
+
+    Symmetric: ``(nibble - 8) * d``.  Asymmetric: ``nibble * d + m`` (two roundings).
+    """
+    codes = np.asarray(codes)
+    scales = np.asarray(scales)
+    if codes.dtype != np.uint8 or codes.ndim != 2:
+        raise EncodingError(
+            f"int4 codes must be a 2-D uint8 array, got {codes.dtype} {codes.shape}"
+        )
+    rows, cols = codes.shape[0], codes.shape[1] * 2
+    _check_group(cols, group_size)
+    g = int(group_size)
+    ngroups = cols // g
+    if scales.dtype != np.float16 or scales.shape != (rows, ngroups):
+        raise EncodingError(
+            f"int4 scales must be float16 of shape {(rows, ngroups)}, "
+            f"got {scales.dtype} {scales.shape}"
+        )
+    if mins is not None:
+        mins = np.asarray(mins)
+        if mins.dtype != np.float16 or mins.shape != (rows, ngroups):
+            raise EncodingError(
+                f"int4 mins must be float16 of shape {(rows, ngroups)}, "
+                f"got {mins.dtype} {mins.shape}"
+            )
+    out = np.empty((rows, cols), _F32)
+    with np.errstate(all="ignore"):
+        for r0, r1 in _row_blocks(rows, cols):
+            q = unpack_nibbles(codes[r0:r1]).astype(_F32).reshape(r1 - r0, ngroups, g)
+            d = scales[r0:r1].astype(_F32)[..., None]
+            if mins is None:
+                q -= 8
+                q *= d
+            else:
+                q *= d
+                q += mins[r0:r1].astype(_F32)[..., None]
+            out[r0:r1] = q.reshape(r1 - r0, cols)
+    return out

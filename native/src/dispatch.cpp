@@ -1,0 +1,109 @@
+// CPU feature detection (cpuid + xgetbv on x86, so AVX-512 is only picked when the OS
+// saves ZMM state) and the process-wide active kernel table.
+#include "dispatch.h"
+
+#include <atomic>
+#include <string_view>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
+namespace edgepack {
+namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+uint64_t xgetbv0() {
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+#endif
+
+CpuFeatures probe() {
+    CpuFeatures f;
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        f.sse4_1 = c & (1u << 19);
+        f.fma = c & (1u << 12);
+        f.avx = c & (1u << 28);
+        f.f16c = c & (1u << 29);
+        if (c & (1u << 27)) {  // OSXSAVE: xgetbv is available
+            const uint64_t xcr0 = xgetbv0();
+            f.os_ymm = (xcr0 & 0x6u) == 0x6u;     // SSE + AVX state
+            f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;   // + opmask, ZMM_Hi256, Hi16_ZMM
+        }
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        f.avx2 = b & (1u << 5);
+        f.avx512f = b & (1u << 16);
+        f.avx512bw = b & (1u << 30);
+        f.avx512vl = b & (1u << 31);
+        f.avx512vnni = c & (1u << 11);
+    }
+#elif defined(__aarch64__)
+    f.neon = true;  // Advanced SIMD is mandatory on AArch64
+#endif
+    return f;
+}
+
+bool usable(const KernelTable& t) {
+    const CpuFeatures& f = cpu_features();
+    const std::string_view name = t.name;
+    if (name == "avx2") return f.os_ymm && f.avx && f.avx2 && f.fma && f.f16c && f.sse4_1;
+    if (name == "avx512") {
+        return f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
+               f.avx512vl && f.avx512vnni;
+    }
+    if (name == "neon") return f.neon;
+    return true;
+}
+
+const KernelTable& best() {
+    const KernelTable* pick = &scalar_table();
+    for (const KernelTable* t : usable_tables()) {
+        if (t->score > pick->score) pick = t;
+    }
+    return *pick;
+}
+
+std::atomic<const KernelTable*>& active_slot() {
+    static std::atomic<const KernelTable*> slot{&best()};
+    return slot;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+    static const CpuFeatures f = probe();
+    return f;
+}
+
+std::vector<const KernelTable*> compiled_tables() {
+    std::vector<const KernelTable*> all = {&scalar_table()};
+#if defined(EDGEPACK_HAVE_AVX2)
+    all.push_back(&avx2_table());
+#endif
+#if defined(EDGEPACK_HAVE_AVX512)
+    all.push_back(&avx512_table());
+#endif
+#if defined(EDGEPACK_HAVE_NEON)
+    all.push_back(&neon_table());
+#endif
+    return all;
+}
+
+std::vector<const KernelTable*> usable_tables() {
+    std::vector<const KernelTable*> out;
+    for (const KernelTable* t : compiled_tables()) {
+        if (usable(*t)) out.push_back(t);
+    }
+    return out;
+}
+
+const KernelTable& active_table() { return *active_slot().load(std::memory_order_acquire); }
+
+void set_active_table(const KernelTable& t) { active_slot().store(&t, std::memory_order_release); }
+
+}  // namespace edgepack
