@@ -32,7 +32,7 @@ def test_generated_code_matches_flatc(tmp_path: Path) -> None:
     checked_in = ROOT / "format" / "schema"
     names = sorted(p.name for p in generated.glob("*.py"))
     assert names == sorted(p.name for p in checked_in.glob("*.py"))
-    match, mismatch, errors = filecmp.cmpfiles(generated, checked_in, names, shallow=False)
+    _match, mismatch, errors = filecmp.cmpfiles(generated, checked_in, names, shallow=False)
     assert not mismatch and not errors, f"regenerate format/schema: {mismatch + errors}"
 
 
