@@ -195,3 +195,7 @@ def fetch_sample(name: str, cache: str | None) -> None:
     cache_dir = Path(cache) if cache else sample_models.default_cache_dir()
     fetch = {"smollm2": sample_models.fetch_smollm2, "minilm": sample_models.fetch_minilm}[name]
     click.echo(str(fetch(cache_dir)))
+
+
+# Command groups living in their own modules register themselves on `cli`.
+from . import release_commands  # noqa: E402,F401

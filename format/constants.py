@@ -33,6 +33,7 @@ MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 MAX_NAME_BYTES = 512
 MAX_SECTION_UNCOMPRESSED = 1 << 30
+MAX_LOW_RANK_RATIO = 4096  # dense elements / factor elements a low-rank tensor may claim
 MIN_GROUP_SIZE = 8
 MAX_GROUP_SIZE = 4096
 

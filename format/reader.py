@@ -178,7 +178,12 @@ class Package:
             return None
         if len(matches) > 1:
             raise KeyError(f"several sections of kind {kind}; give a name")
-        sec = matches[0]
+        return self._load_section(matches[0])
+
+    def _load_section(self, sec: SectionEntry) -> bytes:
+        """Hash-check and decode one section; typed errors for any inconsistency."""
+        if self._mm is None:
+            raise ValueError("package is closed")
         stored = self._mm[sec.data.offset : sec.data.end] if sec.data.length else b""
         if hashlib.sha256(stored).digest() != sec.hash:
             raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
@@ -227,11 +232,15 @@ class Package:
             hashed += n
             if progress:
                 progress(n)
+        known_kinds = {int(k) for k in SectionKind}
         for sec in self.header.sections:
-            digest = hashlib.sha256()
-            self._hash_span(sec.data, digest)
-            if digest.digest() != sec.hash:
-                raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
+            if sec.kind in known_kinds:
+                self._load_section(sec)  # hash, and that it decodes to what it declares
+            else:  # optional and unknown (validate refuses required ones): hash only
+                digest = hashlib.sha256()
+                self._hash_span(sec.data, digest)
+                if digest.digest() != sec.hash:
+                    raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
             hashed += sec.data.length
         return VerifyReport(
             tensors_checked=len(names),

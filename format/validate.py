@@ -17,14 +17,16 @@ from .constants import (
     MAX_NAME_BYTES,
     MAX_NDIM,
     MAX_SECTION_UNCOMPRESSED,
+    PAGE_SIZE,
+    QUANTIZATION_SCHEMA_VERSION,
     SPAN_ALIGNMENT,
     Compression,
     Encoding,
     HashAlgorithm,
     SectionKind,
 )
-from .errors import CorruptPackageError, UnsupportedFeatureError
-from .header import Header, Span, TensorEntry
+from .errors import CorruptPackageError, IncompatiblePackageError, UnsupportedFeatureError
+from .header import Header, SectionEntry, Span, TensorEntry
 from .layout import tensor_layout
 from .preamble import Preamble
 
@@ -42,10 +44,15 @@ def validate_header(header: Header, pre: Preamble) -> Header:
         )
     if header.hash_algorithm != HashAlgorithm.SHA256:
         raise UnsupportedFeatureError(f"unknown hash algorithm {header.hash_algorithm}")
-    if header.data_alignment < SPAN_ALIGNMENT or header.data_alignment & (
-        header.data_alignment - 1
-    ):
-        raise CorruptPackageError(f"data alignment {header.data_alignment} is invalid")
+    if header.quantization_schema_version != QUANTIZATION_SCHEMA_VERSION:
+        raise IncompatiblePackageError(
+            f"package uses quantization schema {header.quantization_schema_version}, this "
+            f"reader knows {QUANTIZATION_SCHEMA_VERSION}; update the app, or fetch a package "
+            "built for it"
+        )
+    alignment = header.data_alignment
+    if not SPAN_ALIGNMENT <= alignment <= PAGE_SIZE or alignment & (alignment - 1):
+        raise CorruptPackageError(f"data alignment {alignment} is not a power of 2 in 64..4096")
     unknown = [f for f in header.required_features if f not in KNOWN_FEATURES]
     if unknown:
         raise UnsupportedFeatureError(
@@ -55,10 +62,11 @@ def validate_header(header: Header, pre: Preamble) -> Header:
     tensors = header.tensors
     for t in tensors:
         _check_tensor(t)
-    names = {t.name for t in tensors}
-    if len(names) != len(tensors):
-        raise CorruptPackageError("two tensors have the same name")
     by_name = {t.name: t for t in tensors}
+    if len(by_name) != len(tensors):
+        seen: set[str] = set()
+        dup = next(t.name for t in tensors if t.name in seen or seen.add(t.name))
+        raise CorruptPackageError(f"two tensors are named {dup!r}")
     for t in tensors:
         if t.encoding == Encoding.LOW_RANK:
             _check_factors(t, by_name)
@@ -67,27 +75,38 @@ def validate_header(header: Header, pre: Preamble) -> Header:
     for t in tensors:
         spans.extend((s, f"tensor {t.name!r}") for s in t.spans if s.length)
     seen_sections = set()
-    sections = []
     for sec in header.sections:
+        where = f"section {sec.kind_name}/{sec.name!r}"
         key = (sec.kind, sec.name)
         if key in seen_sections:
-            raise CorruptPackageError(f"two sections of kind {sec.kind} named {sec.name!r}")
+            raise CorruptPackageError(f"{where} appears twice")
         seen_sections.add(key)
-        if sec.kind not in _KNOWN_KINDS and sec.required:
-            raise UnsupportedFeatureError(
-                f"package has a required section of unknown kind {sec.kind}; update edgepack"
-            )
-        if not isinstance(sec.compression, Compression):
-            raise UnsupportedFeatureError(f"section {sec.name!r}: unknown compression")
-        if sec.uncompressed_length > MAX_SECTION_UNCOMPRESSED:
-            raise CorruptPackageError(f"section {sec.name!r} claims an absurd size")
-        if len(sec.hash) != DIGEST_SIZE:
-            raise CorruptPackageError(f"section {sec.name!r} has no valid digest")
         if sec.data.length:
-            spans.append((sec.data, f"section {sec.kind_name}/{sec.name!r}"))
-        sections.append(sec)
-    _check_spans(spans, pre)
+            spans.append((sec.data, where))
+        elif sec.data.offset:
+            raise CorruptPackageError(f"{where}: empty span has an offset")
+        if sec.kind not in _KNOWN_KINDS:
+            if sec.required:
+                raise UnsupportedFeatureError(
+                    f"package has a required section of unknown kind {sec.kind}; update edgepack"
+                )
+            continue  # optional and unknown: ignored, only its span is checked
+        _check_section(sec, where)
+    _check_spans(spans, pre, alignment)
     return header
+
+
+def _check_section(sec: SectionEntry, where: str) -> None:
+    if not isinstance(sec.compression, Compression):
+        raise UnsupportedFeatureError(f"{where}: unknown compression {int(sec.compression)}")
+    if len(sec.hash) != DIGEST_SIZE:
+        raise CorruptPackageError(f"{where}: no valid digest")
+    if sec.uncompressed_length > MAX_SECTION_UNCOMPRESSED:
+        raise CorruptPackageError(f"{where}: claims an absurd size")
+    if sec.compression == Compression.NONE and sec.uncompressed_length != sec.data.length:
+        raise CorruptPackageError(
+            f"{where}: stored {sec.data.length} bytes but declares {sec.uncompressed_length}"
+        )
 
 
 def _check_tensor(t: TensorEntry) -> None:
@@ -148,12 +167,14 @@ def _check_factors(t: TensorEntry, by_name: dict[str, TensorEntry]) -> None:
         )
 
 
-def _check_spans(spans: list[tuple[Span, str]], pre: Preamble) -> None:
+def _check_spans(spans: list[tuple[Span, str]], pre: Preamble, alignment: int) -> None:
     spans.sort(key=lambda item: item[0].offset)
     previous_end, previous_owner = pre.data_offset, "the start of the data region"
     for span, owner in spans:
-        if span.offset % SPAN_ALIGNMENT:
-            raise CorruptPackageError(f"{owner}: data at {span.offset} is not 64-byte aligned")
+        if span.offset % alignment:
+            raise CorruptPackageError(
+                f"{owner}: data at {span.offset} is not {alignment}-byte aligned"
+            )
         if span.offset < previous_end:
             raise CorruptPackageError(f"{owner}: data overlaps {previous_owner}")
         if span.end > pre.data_end:
