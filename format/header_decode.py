@@ -43,21 +43,26 @@ _MAX_VTABLE_FIELDS = 64
 class _Table:
     """One flatbuffer table: field positions from its vtable, checked reads."""
 
-    __slots__ = ("buf", "fields", "pos")
+    __slots__ = ("buf", "fields", "pos", "vtables")
 
-    def __init__(self, buf: bytes, pos: int) -> None:
+    def __init__(self, buf: bytes, pos: int, vtables: dict[int, tuple[int, ...]]) -> None:
+        """``vtables`` caches parsed vtables of this buffer: tables of one type share one."""
         size = len(buf)
         if pos < 0 or pos + 4 > size:
             raise CorruptPackageError("header table lies outside the header")
         vtable = pos - _I32.unpack_from(buf, pos)[0]
-        if vtable < 0 or vtable + 4 > size:
-            raise CorruptPackageError("header vtable lies outside the header")
-        vt_size = struct.unpack_from("<H", buf, vtable)[0]
-        n = min((vt_size - 4) // 2, _MAX_VTABLE_FIELDS) if vt_size >= 4 else 0
-        if vtable + 4 + 2 * n > size:
-            raise CorruptPackageError("header vtable runs past the header")
         self.buf, self.pos = buf, pos
-        self.fields = struct.unpack_from(f"<{n}H", buf, vtable + 4)
+        fields = vtables.get(vtable)
+        if fields is None:
+            if vtable < 0 or vtable + 4 > size:
+                raise CorruptPackageError("header vtable lies outside the header")
+            vt_size = struct.unpack_from("<H", buf, vtable)[0]
+            n = min((vt_size - 4) // 2, _MAX_VTABLE_FIELDS) if vt_size >= 4 else 0
+            if vtable + 4 + 2 * n > size:
+                raise CorruptPackageError("header vtable runs past the header")
+            fields = vtables[vtable] = struct.unpack_from(f"<{n}H", buf, vtable + 4)
+        self.fields = fields
+        self.vtables = vtables
 
     def _at(self, index: int) -> int:
         if index < len(self.fields) and self.fields[index]:
@@ -108,7 +113,7 @@ class _Table:
         at = self._at(index)
         if not at:
             return None
-        return _Table(self.buf, at + _U32.unpack_from(self.buf, at)[0])
+        return _Table(self.buf, at + _U32.unpack_from(self.buf, at)[0], self.vtables)
 
     def item_positions(self, index: int, limit: int, what: str) -> list[int]:
         """Absolute positions of the items of a vector of tables or strings."""
@@ -158,7 +163,8 @@ def decode_header(buf: bytes) -> Header:
 
 
 def _decode(buf: bytes) -> Header:
-    root = _Table(buf, _U32.unpack_from(buf, 0)[0])
+    vtables: dict[int, tuple[int, ...]] = {}
+    root = _Table(buf, _U32.unpack_from(buf, 0)[0], vtables)
     ident = root.table(_H.IDENTITY)
     if ident is None:
         raise CorruptPackageError("header has no model identity")
@@ -181,17 +187,17 @@ def _decode(buf: bytes) -> Header:
         )
     ops = []
     for pos in root.item_positions(_H.OPS, 4096, "required operators"):
-        op = _Table(buf, pos)
+        op = _Table(buf, pos, vtables)
         ops.append((op.string(0, "operator name"), op.scalar(1, 4)))
     return Header(
         identity=identity,
         min_runtime_version=root.string(_H.MIN_RT, "min_runtime_version"),
         tensors=tuple(
-            _tensor(_Table(buf, pos))
+            _tensor(_Table(buf, pos, vtables))
             for pos in root.item_positions(_H.TENSORS, MAX_TENSORS, "tensors")
         ),
         sections=tuple(
-            _section(_Table(buf, pos))
+            _section(_Table(buf, pos, vtables))
             for pos in root.item_positions(_H.SECTIONS, MAX_SECTIONS, "sections")
         ),
         required_operators=tuple(ops),
