@@ -10,12 +10,18 @@ must reproduce these outputs bit for bit.  Native code is tested against this mo
   ``nibble = clip(rint(w / d), -8, 7) + 8``.
 * int4 asymmetric (group ``g``):  ``d = f16((max - min) / 15)``, ``m = f16(min)``,
   ``nibble = clip(rint((w - m) / d), 0, 15)``.
+* int3 / int2 (any ``b`` in 4, 3, 2 bits, :func:`quantize_group`): the int4 rules with
+  ``h = 2^(b-1)``: symmetric ``d = f16(w[argmax|w|] / -h)``,
+  ``code = clip(rint(w / d), -h, h - 1) + h``; asymmetric ``d = f16((max - min) / (2^b - 1))``,
+  ``m = f16(min)``, ``code = clip(rint((w - m) / d), 0, 2^b - 1)``.  int4 is the ``b = 4`` case.
 
 Division by the scale is a multiply by ``inv = 1/d`` (``0`` when ``d == 0``).  A product
 ``0 * inf`` (a zero weight in an int8 row whose scale is so small that ``1/d`` overflows)
 is defined to quantize to ``0``.  Signed zeros of ``min``/``max`` are canonicalised to
 ``+0`` so the stored ``mins``/``scales`` bits do not depend on reduction order.
-Nibbles are packed two per byte, even element in the low nibble.
+Nibbles are packed two per byte, even element in the low nibble.  3-bit codes: element
+``i`` of a row occupies bits ``[3i, 3i+3)`` of the row's little-endian bit stream (8 codes in
+3 bytes).  2-bit codes: element ``4k+j`` is bits ``2j..2j+1`` of byte ``k``.
 
 Inputs must be finite and every float16 scale/min representable, otherwise
 :class:`~edgepack.format.errors.EncodingError` is raised.
@@ -30,13 +36,20 @@ import numpy as np
 from edgepack.format.errors import EncodingError
 
 __all__ = [
+    "GROUP_BITS",
+    "dequantize_group",
     "dequantize_int4_group",
     "dequantize_int8_channel",
+    "pack_codes",
     "pack_nibbles",
+    "quantize_group",
     "quantize_int4_group",
     "quantize_int8_channel",
+    "unpack_codes",
     "unpack_nibbles",
 ]
+
+GROUP_BITS = (4, 3, 2)  # code widths of the group encodings
 
 # Rows are processed in chunks of about this many elements so temporaries stay small.
 _CHUNK_ELEMS = 1 << 18
@@ -74,6 +87,7 @@ def _raise_first_error(
     row0: int,
     shape: tuple[int, ...],
     f16: tuple[tuple[str, np.ndarray], ...] = (),
+    bits: int = 4,
 ) -> None:
     """Raise for the first bad row of ``block``, if any.
 
@@ -101,7 +115,7 @@ def _raise_first_error(
     what = next(name for name, values in f16 if np.isinf(values[r, grp]))
     raise EncodingError(
         f"cannot encode tensor: float16 {what} overflows in row {row0 + r}, "
-        f"group {grp} (weights too large for int4)"
+        f"group {grp} (weights too large for int{bits})"
     )
 
 
@@ -181,19 +195,88 @@ def unpack_nibbles(codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def quantize_int4_group(
-    w: np.ndarray, group_size: int, symmetric: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Group-wise int4; returns ``(codes[R, C/2] uint8, scales[R, C/g] f16, mins | None)``.
+def _check_bits(bits: int) -> int:
+    if isinstance(bits, bool) or bits not in GROUP_BITS:
+        raise EncodingError(f"group codes have 4, 3 or 2 bits, got {bits!r}")
+    return int(bits)
 
-    ``mins`` (float16, same shape as ``scales``) is only produced for the asymmetric form.
+
+def pack_codes(q: np.ndarray, bits: int) -> np.ndarray:
+    """Pack uint8 codes of ``bits`` (4, 3, 2) bits along the last axis, little-endian bit order.
+
+    The last dimension must hold whole bytes' worth of codes (even for 4 bits, a multiple of
+    8 for 3 bits, of 4 for 2 bits); returns ``[..., n * bits / 8]`` bytes.
     """
+    bits = _check_bits(bits)
+    if bits == 4:
+        return pack_nibbles(q)
+    q = np.asarray(q)
+    per = 8 if bits == 3 else 4
+    if q.dtype != np.uint8 or q.ndim < 1 or q.shape[-1] % per:
+        raise EncodingError(
+            f"{bits}-bit codes must be uint8 with a last dimension divisible by {per}, "
+            f"got {q.dtype} {q.shape}"
+        )
+    if q.size and int(q.max()) >= 1 << bits:
+        raise EncodingError(f"{bits}-bit code values must be in 0..{(1 << bits) - 1}")
+    lead, n = q.shape[:-1], q.shape[-1]
+    if bits == 2:
+        g = q.reshape(*lead, n // 4, 4)
+        out = g[..., 0] | (g[..., 1] << 2) | (g[..., 2] << 4) | (g[..., 3] << 6)
+        return out.reshape(*lead, n // 4)
+    g = q.reshape(*lead, n // 8, 8).astype(np.uint32)
+    word = g[..., 0].copy()
+    for j in range(1, 8):
+        word |= g[..., j] << np.uint32(3 * j)
+    out = np.empty((*lead, n // 8, 3), np.uint8)
+    out[..., 0] = word & 0xFF
+    out[..., 1] = (word >> 8) & 0xFF
+    out[..., 2] = word >> 16
+    return out.reshape(*lead, n * 3 // 8)
+
+
+def unpack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack_codes`: ``[..., m]`` bytes -> ``[..., m * 8 / bits]`` codes."""
+    bits = _check_bits(bits)
+    if bits == 4:
+        return unpack_nibbles(codes)
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8 or codes.ndim < 1 or (bits == 3 and codes.shape[-1] % 3):
+        raise EncodingError(
+            f"packed {bits}-bit codes must be uint8, got {codes.dtype} {codes.shape}"
+        )
+    lead, m = codes.shape[:-1], codes.shape[-1]
+    if bits == 2:
+        out = np.empty((*lead, m, 4), np.uint8)
+        for j in range(4):
+            np.right_shift(codes, 2 * j, out=out[..., j])
+            out[..., j] &= 3
+        return out.reshape(*lead, m * 4)
+    b = codes.reshape(*lead, m // 3, 3).astype(np.uint32)
+    word = b[..., 0] | (b[..., 1] << np.uint32(8)) | (b[..., 2] << np.uint32(16))
+    out = np.empty((*lead, m // 3, 8), np.uint8)
+    for j in range(8):
+        out[..., j] = (word >> np.uint32(3 * j)) & 7
+    return out.reshape(*lead, m // 3 * 8)
+
+
+def quantize_group(
+    w: np.ndarray, bits: int, group_size: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Group-wise ``bits``-bit codes (4, 3, 2); returns ``(codes, scales, mins | None)``.
+
+    ``codes``: uint8 ``[R, C * bits / 8]`` packed (:func:`pack_codes`); ``scales``: float16
+    ``[R, C/g]``; ``mins`` (same shape) only for the asymmetric form.
+    """
+    bits = _check_bits(bits)
     m, shape = _as_matrix(w)
     rows, cols = m.shape
     _check_group(cols, group_size)
     g = int(group_size)
     ngroups = cols // g
-    codes = np.empty((rows, cols // 2), np.uint8)
+    half = 1 << (bits - 1)
+    top = (1 << bits) - 1
+    codes = np.empty((rows, cols * bits // 8), np.uint8)
     scales = np.empty((rows, ngroups), np.float16)
     mins = None if symmetric else np.empty((rows, ngroups), np.float16)
     with np.errstate(all="ignore"):
@@ -203,28 +286,89 @@ def quantize_int4_group(
             if symmetric:
                 idx = np.abs(grp).argmax(axis=-1)
                 peak = np.take_along_axis(grp, idx[..., None], axis=-1)[..., 0]
-                d16 = (peak / _F32(-8)).astype(np.float16)
-                _raise_first_error(blk, r0, shape, (("scale", d16),))
+                d16 = (peak / _F32(-half)).astype(np.float16)
+                _raise_first_error(blk, r0, shape, (("scale", d16),), bits)
                 d = d16.astype(_F32)
                 x = grp * _reciprocal(d)[..., None]
                 np.rint(x, out=x)
-                np.clip(x, -8, 7, out=x)
-                x += 8
+                np.clip(x, -half, half - 1, out=x)
+                x += half
             else:
                 lo = grp.min(axis=-1) + _ZERO  # + 0 turns -0 into +0
                 hi = grp.max(axis=-1) + _ZERO
-                d16 = ((hi - lo) / _F32(15)).astype(np.float16)
+                d16 = ((hi - lo) / _F32(top)).astype(np.float16)
                 m16 = lo.astype(np.float16)
-                _raise_first_error(blk, r0, shape, (("scale", d16), ("min", m16)))
+                _raise_first_error(blk, r0, shape, (("scale", d16), ("min", m16)), bits)
                 d = d16.astype(_F32)
                 x = grp - m16.astype(_F32)[..., None]
                 x *= _reciprocal(d)[..., None]
                 np.rint(x, out=x)
-                np.clip(x, 0, 15, out=x)
+                np.clip(x, 0, top, out=x)
                 mins[r0:r1] = m16
-            codes[r0:r1] = pack_nibbles(x.astype(np.uint8).reshape(blk.shape[0], cols))
+            codes[r0:r1] = pack_codes(x.astype(np.uint8).reshape(blk.shape[0], cols), bits)
             scales[r0:r1] = d16
     return codes, scales, mins
+
+
+def dequantize_group(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    mins: np.ndarray | None,
+    bits: int,
+    group_size: int,
+) -> np.ndarray:
+    """Inverse of :func:`quantize_group`; returns float32 ``[R, C]``.
+
+    Symmetric: ``(code - 2^(b-1)) * d``.  Asymmetric: ``code * d + m`` (two roundings).
+    """
+    bits = _check_bits(bits)
+    codes = np.asarray(codes)
+    scales = np.asarray(scales)
+    if codes.dtype != np.uint8 or codes.ndim != 2 or (codes.shape[1] * 8) % bits:
+        raise EncodingError(
+            f"int{bits} codes must be a 2-D uint8 array, got {codes.dtype} {codes.shape}"
+        )
+    rows, cols = codes.shape[0], codes.shape[1] * 8 // bits
+    _check_group(cols, group_size)
+    g = int(group_size)
+    ngroups = cols // g
+    if scales.dtype != np.float16 or scales.shape != (rows, ngroups):
+        raise EncodingError(
+            f"int{bits} scales must be float16 of shape {(rows, ngroups)}, "
+            f"got {scales.dtype} {scales.shape}"
+        )
+    if mins is not None:
+        mins = np.asarray(mins)
+        if mins.dtype != np.float16 or mins.shape != (rows, ngroups):
+            raise EncodingError(
+                f"int{bits} mins must be float16 of shape {(rows, ngroups)}, "
+                f"got {mins.dtype} {mins.shape}"
+            )
+    half = _F32(1 << (bits - 1))
+    out = np.empty((rows, cols), _F32)
+    with np.errstate(all="ignore"):
+        for r0, r1 in _row_blocks(rows, cols):
+            q = unpack_codes(codes[r0:r1], bits).astype(_F32).reshape(r1 - r0, ngroups, g)
+            d = scales[r0:r1].astype(_F32)[..., None]
+            if mins is None:
+                q -= half
+                q *= d
+            else:
+                q *= d
+                q += mins[r0:r1].astype(_F32)[..., None]
+            out[r0:r1] = q.reshape(r1 - r0, cols)
+    return out
+
+
+def quantize_int4_group(
+    w: np.ndarray, group_size: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Group-wise int4; returns ``(codes[R, C/2] uint8, scales[R, C/g] f16, mins | None)``.
+
+    ``mins`` (float16, same shape as ``scales``) is only produced for the asymmetric form.
+    The ``bits = 4`` case of :func:`quantize_group`.
+    """
+    return quantize_group(w, 4, group_size, symmetric)
 
 
 def dequantize_int4_group(
@@ -234,38 +378,4 @@ def dequantize_int4_group(
 
     Symmetric: ``(nibble - 8) * d``.  Asymmetric: ``nibble * d + m`` (two roundings).
     """
-    codes = np.asarray(codes)
-    scales = np.asarray(scales)
-    if codes.dtype != np.uint8 or codes.ndim != 2:
-        raise EncodingError(
-            f"int4 codes must be a 2-D uint8 array, got {codes.dtype} {codes.shape}"
-        )
-    rows, cols = codes.shape[0], codes.shape[1] * 2
-    _check_group(cols, group_size)
-    g = int(group_size)
-    ngroups = cols // g
-    if scales.dtype != np.float16 or scales.shape != (rows, ngroups):
-        raise EncodingError(
-            f"int4 scales must be float16 of shape {(rows, ngroups)}, "
-            f"got {scales.dtype} {scales.shape}"
-        )
-    if mins is not None:
-        mins = np.asarray(mins)
-        if mins.dtype != np.float16 or mins.shape != (rows, ngroups):
-            raise EncodingError(
-                f"int4 mins must be float16 of shape {(rows, ngroups)}, "
-                f"got {mins.dtype} {mins.shape}"
-            )
-    out = np.empty((rows, cols), _F32)
-    with np.errstate(all="ignore"):
-        for r0, r1 in _row_blocks(rows, cols):
-            q = unpack_nibbles(codes[r0:r1]).astype(_F32).reshape(r1 - r0, ngroups, g)
-            d = scales[r0:r1].astype(_F32)[..., None]
-            if mins is None:
-                q -= 8
-                q *= d
-            else:
-                q *= d
-                q += mins[r0:r1].astype(_F32)[..., None]
-            out[r0:r1] = q.reshape(r1 - r0, cols)
-    return out
+    return dequantize_group(codes, scales, mins, 4, group_size)

@@ -45,6 +45,10 @@ class Encoding(enum.IntEnum):
     INT8_CHANNEL = 10
     INT4_GROUP_SYM = 20
     INT4_GROUP_ASYM = 21
+    INT3_GROUP_SYM = 22
+    INT3_GROUP_ASYM = 23
+    INT2_GROUP_SYM = 24
+    INT2_GROUP_ASYM = 25
     LOW_RANK = 40
 
     @property
@@ -53,7 +57,48 @@ class Encoding(enum.IntEnum):
 
     @property
     def is_group(self) -> bool:
-        return self in (Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM)
+        """Group-wise integer codes with float16 scales (int4, int3, int2)."""
+        return self in _GROUP_BITS
+
+    @property
+    def is_symmetric(self) -> bool:
+        """Integer encodings without a stored min (``zeros``): int8 and the ``*_SYM`` groups."""
+        return self in (
+            Encoding.INT8_CHANNEL,
+            Encoding.INT4_GROUP_SYM,
+            Encoding.INT3_GROUP_SYM,
+            Encoding.INT2_GROUP_SYM,
+        )
+
+    @property
+    def bits(self) -> int:
+        """Bits of one stored code (32/16 for floats, 0 for LOW_RANK: it stores no codes)."""
+        if self in _GROUP_BITS:
+            return _GROUP_BITS[self]
+        return {
+            Encoding.F32: 32,
+            Encoding.F16: 16,
+            Encoding.BF16: 16,
+            Encoding.INT8_CHANNEL: 8,
+        }.get(self, 0)
+
+    @classmethod
+    def group(cls, bits: int, symmetric: bool) -> Encoding:
+        """The group encoding of ``bits`` (4, 3 or 2) bits, symmetric or not."""
+        for enc, b in _GROUP_BITS.items():
+            if b == bits and enc.is_symmetric == symmetric:
+                return enc
+        raise ValueError(f"no group encoding has {bits} bits (4, 3 or 2)")
+
+
+_GROUP_BITS = {
+    Encoding.INT4_GROUP_SYM: 4,
+    Encoding.INT4_GROUP_ASYM: 4,
+    Encoding.INT3_GROUP_SYM: 3,
+    Encoding.INT3_GROUP_ASYM: 3,
+    Encoding.INT2_GROUP_SYM: 2,
+    Encoding.INT2_GROUP_ASYM: 2,
+}
 
 
 class SectionKind(enum.IntEnum):

@@ -68,8 +68,9 @@ def tensor_layout(encoding: Encoding, shape: tuple[int, ...], group_size: int = 
             raise ValueError(f"group size {g} is not a multiple of 8 in [8, 4096]")
         if cols % g:
             raise ValueError(f"row length {cols} is not a multiple of the group size {g}")
-        codes = PartLayout(np.dtype("u1"), (rows, cols // 2))
+        # int4: 2 codes a byte; int3: 8 codes in 3 bytes; int2: 4 codes a byte (g % 8 == 0)
+        codes = PartLayout(np.dtype("u1"), (rows, cols * encoding.bits // 8))
         scales = PartLayout(np.dtype("<f2"), (rows, cols // g))
-        zeros = scales if encoding == Encoding.INT4_GROUP_ASYM else None
+        zeros = None if encoding.is_symmetric else scales
         return TensorLayout(codes, scales, zeros)
     raise ValueError(f"no layout for encoding {encoding!r}")

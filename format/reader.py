@@ -53,8 +53,8 @@ class QuantizedTensor:
         if self.encoding == Encoding.INT8_CHANNEL:
             out = codecs.dequantize_int8_channel(self.codes, self.scales)
         else:
-            out = codecs.dequantize_int4_group(
-                self.codes, self.scales, self.zeros, self.entry.group_size
+            out = codecs.dequantize_group(
+                self.codes, self.scales, self.zeros, self.encoding.bits, self.entry.group_size
             )
         return out.reshape(self.shape)
 

@@ -34,6 +34,10 @@ _DECODE_OP = {
     Encoding.INT8_CHANNEL: "decode.int8_channel",
     Encoding.INT4_GROUP_SYM: "decode.int4_group_sym",
     Encoding.INT4_GROUP_ASYM: "decode.int4_group_asym",
+    Encoding.INT3_GROUP_SYM: "decode.int3_group_sym",
+    Encoding.INT3_GROUP_ASYM: "decode.int3_group_asym",
+    Encoding.INT2_GROUP_SYM: "decode.int2_group_sym",
+    Encoding.INT2_GROUP_ASYM: "decode.int2_group_asym",
     Encoding.LOW_RANK: "decode.low_rank",
 }
 
@@ -61,7 +65,7 @@ def _fit_group(choice: EncodingChoice, cols: int) -> tuple[EncodingChoice, str]:
             return EncodingChoice(
                 choice.encoding, g
             ), f"row length {cols} not divisible by {choice.group_size}: group {g}"
-    return EncodingChoice(Encoding.INT8_CHANNEL), f"row length {cols} fits no int4 group: int8"
+    return EncodingChoice(Encoding.INT8_CHANNEL), f"row length {cols} fits no group size: int8"
 
 
 def plan_encodings(

@@ -25,8 +25,8 @@ class EncodingChoice:
     @property
     def label(self) -> str:
         if self.encoding.is_group:
-            suffix = "" if self.encoding == Encoding.INT4_GROUP_SYM else "-asym"
-            return f"int4-g{self.group_size}{suffix}"
+            suffix = "" if self.encoding.is_symmetric else "-asym"
+            return f"int{self.encoding.bits}-g{self.group_size}{suffix}"
         return {Encoding.INT8_CHANNEL: "int8"}.get(self.encoding, self.encoding.name.lower())
 
 
@@ -39,11 +39,11 @@ class EncodedTensor:
     zeros: np.ndarray | None = None
 
 
-_INT4 = re.compile(r"^int4-g(\d+)(-asym|-sym)?$")
+_GROUP = re.compile(r"^int([234])-g(\d+)(-asym|-sym)?$")
 
 
 def parse_encoding(text: str) -> EncodingChoice:
-    """``f32 | f16 | bf16 | int8 | int4-g{32,64,128}[-asym]`` -> EncodingChoice."""
+    """``f32 | f16 | bf16 | int8 | int{4,3,2}-g{32,64,128}[-asym]`` -> EncodingChoice."""
     simple = {
         "f32": Encoding.F32,
         "f16": Encoding.F16,
@@ -52,12 +52,11 @@ def parse_encoding(text: str) -> EncodingChoice:
     }
     if text in simple:
         return EncodingChoice(simple[text])
-    m = _INT4.match(text)
+    m = _GROUP.match(text)
     if m:
-        kind = Encoding.INT4_GROUP_ASYM if m[2] == "-asym" else Encoding.INT4_GROUP_SYM
-        return EncodingChoice(kind, int(m[1]))
+        return EncodingChoice(Encoding.group(int(m[1]), m[3] != "-asym"), int(m[2]))
     raise ValueError(
-        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or int4-g32/g64/g128[-asym]"
+        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or int4|int3|int2-g32/g64/g128[-asym]"
     )
 
 
@@ -91,9 +90,13 @@ def _encode(w: np.ndarray, choice: EncodingChoice, shape: tuple[int, ...]) -> En
         codes, scales = (kernels or codecs).quantize_int8_channel(matrix)
         return EncodedTensor(choice, shape, codes, scales)
     if enc.is_group:
-        symmetric = enc == Encoding.INT4_GROUP_SYM
-        codes, scales, zeros = (kernels or codecs).quantize_int4_group(
-            matrix, choice.group_size, symmetric
-        )
+        if enc.bits == 4:
+            codes, scales, zeros = (kernels or codecs).quantize_int4_group(
+                matrix, choice.group_size, enc.is_symmetric
+            )
+        else:  # int3/int2: numpy reference only (no native encoder yet)
+            codes, scales, zeros = codecs.quantize_group(
+                matrix, enc.bits, choice.group_size, enc.is_symmetric
+            )
         return EncodedTensor(choice, shape, codes, scales, zeros)
     raise ValueError(f"cannot encode as {enc.name}")

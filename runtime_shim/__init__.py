@@ -2,8 +2,40 @@
 
 It depends only on edgepack.format, numpy and the optional native kernels; never on the
 packager, the server, click, boto3, safetensors or gguf (tests/test_runtime_imports.py).
+``tokenizers`` and ``jinja2`` are optional and imported lazily, when text is tokenized
+or a chat template rendered.
+
+    model = edgepack.runtime_shim.open("chat.epk", trusted_keys=["release.pub"])
+    for piece in model.session().generate("The capital of France is", max_tokens=16):
+        print(piece, end="")
 """
 
 from .capabilities import runtime_capabilities, runtime_version
+from .errors import (
+    ChatTemplateError,
+    KernelUnavailableError,
+    KVCacheFullError,
+    RuntimeShimError,
+    TokenizerUnavailableError,
+)
+from .kv_cache import KVCacheConfig
+from .model import Model, open
+from .sampling import SamplingParams
+from .session import Session
+from .stats import GenerationStats
 
-__all__ = ["runtime_capabilities", "runtime_version"]
+__all__ = [
+    "ChatTemplateError",
+    "GenerationStats",
+    "KVCacheConfig",
+    "KVCacheFullError",
+    "KernelUnavailableError",
+    "Model",
+    "RuntimeShimError",
+    "SamplingParams",
+    "Session",
+    "TokenizerUnavailableError",
+    "open",
+    "runtime_capabilities",
+    "runtime_version",
+]

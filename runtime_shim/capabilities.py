@@ -20,6 +20,10 @@ RUNTIME_OPERATORS: dict[str, int] = {
     "decode.int8_channel": 1,
     "decode.int4_group_sym": 1,
     "decode.int4_group_asym": 1,
+    "decode.int3_group_sym": 1,
+    "decode.int3_group_asym": 1,
+    "decode.int2_group_sym": 1,
+    "decode.int2_group_asym": 1,
     "decode.low_rank": 1,
     "arch.llama": 1,
 }

@@ -10,4 +10,8 @@ class Encoding(object):
     INT8_CHANNEL = 10
     INT4_GROUP_SYM = 20
     INT4_GROUP_ASYM = 21
+    INT3_GROUP_SYM = 22
+    INT3_GROUP_ASYM = 23
+    INT2_GROUP_SYM = 24
+    INT2_GROUP_ASYM = 25
     LOW_RANK = 40

@@ -73,6 +73,27 @@ std::atomic<const KernelTable*>& active_slot() {
     return slot;
 }
 
+// The inference table compiled for the same ISA as a quantization table.
+const infer::InferTable& infer_for(const KernelTable& t) {
+    const std::string_view name = t.name;
+#if defined(EDGEPACK_HAVE_AVX2)
+    if (name == "avx2") return infer::avx2_infer_table();
+#endif
+#if defined(EDGEPACK_HAVE_AVX512)
+    if (name == "avx512") return infer::avx512_infer_table();
+#endif
+#if defined(EDGEPACK_HAVE_NEON)
+    if (name == "neon") return infer::neon_infer_table();
+#endif
+    (void)name;
+    return infer::scalar_infer_table();
+}
+
+std::atomic<const infer::InferTable*>& infer_slot() {
+    static std::atomic<const infer::InferTable*> slot{&infer_for(*active_slot().load())};
+    return slot;
+}
+
 }  // namespace
 
 const CpuFeatures& cpu_features() {
@@ -104,6 +125,13 @@ std::vector<const KernelTable*> usable_tables() {
 
 const KernelTable& active_table() { return *active_slot().load(std::memory_order_acquire); }
 
-void set_active_table(const KernelTable& t) { active_slot().store(&t, std::memory_order_release); }
+void set_active_table(const KernelTable& t) {
+    active_slot().store(&t, std::memory_order_release);
+    infer_slot().store(&infer_for(t), std::memory_order_release);
+}
+
+const infer::InferTable& active_infer_table() {
+    return *infer_slot().load(std::memory_order_acquire);
+}
 
 }  // namespace edgepack

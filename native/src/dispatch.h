@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "infer/infer.h"
 #include "kernels.h"
 
 namespace edgepack {
@@ -25,5 +26,9 @@ std::vector<const KernelTable*> compiled_tables();
 
 const KernelTable& active_table();
 void set_active_table(const KernelTable& t);
+
+// The inference kernel table of the same ISA as active_table(); set_active_table (and so
+// the Python set_isa) switches both together.
+const infer::InferTable& active_infer_table();
 
 }  // namespace edgepack

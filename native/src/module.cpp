@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "infer/bind_infer.h"
 #include "kernels.h"
 
 namespace py = pybind11;
@@ -375,4 +376,7 @@ PYBIND11_MODULE(_kernels, m) {
           "Name of the kernel set in use.");
     m.def("set_isa", &set_isa, py::arg("name"),
           "Force a kernel set ('scalar', 'avx2', 'avx512', 'neon'); ValueError if not usable.");
+
+    // Inference kernels (infer/bind_infer.cpp); set_isa above switches them too.
+    edgepack::infer::bind_infer(m);
 }

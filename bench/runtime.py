@@ -1,0 +1,215 @@
+"""Runtime speed on SmolLM2-135M: decode (tg128 after a 64-token prompt) and prefill
+(pp512) tokens/s for the int8 and int4-g32 packages, numpy vs native kernels, side by
+side with llama.cpp (its Q8_0 / Q4_0), plus decode weight bytes per token against the
+machine's measured memory bandwidth.
+
+    python bench/runtime.py [--int8 PKG] [--int4 PKG] [--threads 2] [--runs 3]
+                            [--llama-bench PATH --llama-q4 GGUF --llama-q8 GGUF]
+
+Packages not given are converted from the sample model once (``$EDGEPACK_CACHE``,
+``bench-runtime/``). Without ``--llama-bench`` the llama.cpp column shows the figures
+measured on this machine for the issue (build 4748, 2 threads, medians of 3), marked
+as such. Every figure is the median of ``--runs`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+# llama.cpp build 4748 on this machine, 2 threads (issue 3): tok/s
+LLAMA_REFERENCE = {
+    "int4": {"model": "Q4_0", "tg128": 168.0, "pp512": 494.0, "size_mb": 91.7},
+    "int8": {"model": "Q8_0", "tg128": 114.0, "pp512": 451.0, "size_mb": 144.8},
+}
+
+
+def _packages(args: argparse.Namespace) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    wanted = {"int8": args.int8, "int4": args.int4}
+    missing = [k for k, v in wanted.items() if v is None]
+    if missing:
+        from edgepack.packager.convert import convert
+        from edgepack.packager.sample_models import default_cache_dir, fetch_smollm2
+
+        cache = default_cache_dir()
+        gguf = fetch_smollm2(cache)
+        root = Path(cache) / "bench-runtime"
+        root.mkdir(parents=True, exist_ok=True)
+        for key in missing:
+            enc = {"int8": "int8", "int4": "int4-g32"}[key]
+            path = root / f"smollm2-{enc}.epk"
+            if not path.exists():
+                print(f"converting {gguf.name} -> {path.name} ...", file=sys.stderr)
+                convert(gguf, path, encoding=enc)
+            wanted[key] = path
+    for k, v in wanted.items():
+        out[k] = Path(v)
+    return out
+
+
+def _prompt_ids(model, n: int) -> list[int]:
+    import pydoc_data.topics as topics
+
+    keys = sorted(topics.topics)
+    text = "\n\n".join(topics.topics[k] for k in keys[:40])
+    ids = model.tokenizer.encode(text)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def _decode(model, prompt: list[int], n: int) -> float:
+    """tok/s of ``n`` greedy decode steps after prefilling ``prompt`` (EOS ignored)."""
+    seq = model.new_sequence()
+    try:
+        logits = model.forward(seq, prompt)
+        tok = int(np.argmax(logits))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = model.forward(seq, [tok])
+            tok = int(np.argmax(logits))
+        return n / (time.perf_counter() - t0)
+    finally:
+        seq.release()
+
+
+def _prefill(model, prompt: list[int]) -> float:
+    seq = model.new_sequence()
+    try:
+        t0 = time.perf_counter()
+        model.forward(seq, prompt)
+        return len(prompt) / (time.perf_counter() - t0)
+    finally:
+        seq.release()
+
+
+def measure_bandwidth(threads: int, size: int = 512 << 20, runs: int = 5) -> float:
+    """GB/s of a streaming read (max-reduce) of a large array, ``threads`` threads."""
+    a = np.ones(size // 4, np.float32)
+    parts = np.array_split(a, threads)
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(np.max, parts))
+        best = float("inf")
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            list(ex.map(np.max, parts))
+            best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def llama_bench(binary: str, model: str, threads: int, runs: int) -> dict[str, float]:
+    cmd = [binary, "-m", model, "-t", str(threads), "-p", "512", "-n", "128"]
+    cmd += ["-r", str(runs), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    res = {}
+    for row in json.loads(out):
+        if row.get("n_prompt") == 512 and not row.get("n_gen"):
+            res["pp512"] = float(row["avg_ts"])
+        elif row.get("n_gen") == 128 and not row.get("n_prompt"):
+            res["tg128"] = float(row["avg_ts"])
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--int8", type=Path, help="int8 package (default: convert the sample)")
+    ap.add_argument("--int4", type=Path, help="int4-g32 package (default: convert the sample)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kernels", default="numpy,native", help="comma list of numpy,native")
+    ap.add_argument("--llama-bench", help="llama.cpp llama-bench binary to run side by side")
+    ap.add_argument("--llama-q4", help="Q4_0 GGUF for --llama-bench")
+    ap.add_argument("--llama-q8", help="Q8_0 GGUF for --llama-bench")
+    args = ap.parse_args()
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from edgepack import runtime_shim as rt
+    from edgepack.runtime_shim import KernelUnavailableError
+
+    pkgs = _packages(args)
+    bw = measure_bandwidth(args.threads)
+    results: dict[tuple[str, str], dict[str, float | str]] = {}
+    bytes_per_token: dict[str, int] = {}
+    for key, path in pkgs.items():
+        for kernels in args.kernels.split(","):
+            try:
+                model = rt.open(path, threads=args.threads, kernels=kernels)
+            except KernelUnavailableError as exc:
+                results[(key, kernels)] = {"note": str(exc)}
+                continue
+            with model:
+                if kernels == "native" and not model.kernel_path.startswith("native"):
+                    results[(key, kernels)] = {"note": "native kernels unavailable"}
+                    continue
+                bytes_per_token[key] = model.weights.decode_bytes_per_token()
+                prompt64 = _prompt_ids(model, 64)
+                prompt512 = _prompt_ids(model, 512)
+                tg = [_decode(model, prompt64, 128) for _ in range(args.runs)]
+                pp = [_prefill(model, prompt512) for _ in range(args.runs)]
+                results[(key, kernels)] = {
+                    "tg128": statistics.median(tg),
+                    "pp512": statistics.median(pp),
+                    "path": model.kernel_path,
+                }
+
+    llama = {k: dict(v) for k, v in LLAMA_REFERENCE.items()}
+    source = "issue reference (not measured here)"
+    if args.llama_bench and (args.llama_q4 or args.llama_q8):
+        source = f"measured: {args.llama_bench}"
+        for key, gguf in (("int4", args.llama_q4), ("int8", args.llama_q8)):
+            if gguf:
+                llama[key].update(llama_bench(args.llama_bench, gguf, args.threads, args.runs))
+
+    print(f"SmolLM2-135M, {args.threads} threads, median of {args.runs} runs")
+    print(f"memory bandwidth (numpy read, {args.threads} threads): {bw:.1f} GB/s")
+    print(f"llama.cpp column: {source}\n")
+    hdr = f"{'package':<8} {'kernels':<8} {'tg128 tok/s':>12} {'pp512 tok/s':>12} "
+    hdr += f"{'llama.cpp':>16} {'tg ratio':>9} {'pp ratio':>9}"
+    print(hdr)
+    for key in pkgs:
+        ref = llama[key]
+        for kernels in args.kernels.split(","):
+            r = results.get((key, kernels), {})
+            lc = f"{ref['model']} {ref['tg128']:.0f}/{ref['pp512']:.0f}"
+            if "tg128" not in r:
+                print(
+                    f"{key:<8} {kernels:<8} {'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
+                )
+                continue
+            print(
+                f"{key:<8} {kernels:<8} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "
+                f"{r['tg128'] / ref['tg128']:>8.2f}x {r['pp512'] / ref['pp512']:>8.2f}x"
+            )
+    print()
+    for key, nbytes in bytes_per_token.items():
+        ceiling = bw * 1e9 / nbytes
+        best = max(
+            (r["tg128"] for (k, _), r in results.items() if k == key and "tg128" in r), default=0
+        )
+        print(
+            f"{key}: decode reads {nbytes / 1e6:.1f} MB of weights per token; / {bw:.1f} GB/s "
+            f"= {nbytes / (bw * 1e9) * 1e3:.2f} ms -> ceiling {ceiling:.0f} tok/s; best "
+            f"measured {best:.1f} tok/s = {best / ceiling:.0%} of it"
+        )
+    for (key, kernels), r in results.items():
+        if "path" in r:
+            print(f"{key}/{kernels}: {r['path']}")
+        elif "note" in r:
+            print(f"{key}/{kernels}: {r['note']}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""`edgepack run` and `edgepack compare`: the runtime shim from the command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .commands import cli
+
+_KV = click.Choice(["int8", "float"])
+_ACT = click.Choice(["auto", "int8", "float"])
+_KERNELS = click.Choice(["auto", "numpy", "native"])
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("edgepack")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it
+
+
+@cli.command()
+@click.argument("package", type=click.Path(exists=True, dir_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
+@click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate.")
+@click.option(
+    "--chat", is_flag=True, help="Wrap the prompt as a user message of the chat template."
+)
+@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-k", default=0, show_default=True, help="0 disables.")
+@click.option("--top-p", default=1.0, show_default=True, help="1 disables.")
+@click.option("--seed", default=None, type=int, help="Sampling seed.")
+@click.option("--threads", default=None, type=int, help="Kernel threads (default: all CPUs).")
+@click.option("--kv", default="int8", type=_KV, show_default=True, help="KV cache storage.")
+@click.option("--activations", default="auto", type=_ACT, show_default=True)
+@click.option("--kernels", default="auto", type=_KERNELS, show_default=True)
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Require a signature by this public key (NAME.pub); repeatable.",
+)
+@click.option(
+    "--verify",
+    default="signature",
+    type=click.Choice(["signature", "full", "none"]),
+    show_default=True,
+    help="full: also hash every tensor before running.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
+def run(
+    package: str,
+    prompt: str,
+    max_tokens: int,
+    chat: bool,
+    system: str | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    threads: int | None,
+    kv: str,
+    activations: str,
+    kernels: str,
+    trusted_keys: tuple[str, ...],
+    verify: str,
+    verbose: bool,
+) -> None:
+    """Generate text from PACKAGE, streaming it; statistics go to stderr at the end."""
+    from edgepack import runtime_shim
+    from edgepack.runtime_shim.stats import peak_rss_bytes
+
+    _log_to_stderr(verbose)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    model = runtime_shim.open(
+        package,
+        trusted_keys=list(trusted_keys) or None,
+        threads=threads,
+        kv=kv,
+        kernels=None if kernels == "auto" else kernels,
+        verify=verify,
+        activations=activations,
+    )
+    with model:
+        session = model.session()
+        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        if chat:
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": prompt})
+            stream = session.chat(messages, max_tokens, **sampling)
+        else:
+            stream = session.generate(prompt, max_tokens, **sampling)
+        out = click.get_text_stream("stdout")
+        for piece in stream:
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        st = session.stats
+        click.echo(
+            f"--\n{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
+            f"{st.generated_tokens} generated ({st.finish_reason})\n"
+            f"time to first token {st.time_to_first_token * 1000:.0f} ms\n"
+            f"prefill {st.prefill_tokens_per_s:.1f} tok/s, "
+            f"decode {st.decode_tokens_per_s:.1f} tok/s\n"
+            f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
+            f"kv {st.kv_mode}; activations {st.activations}\n"
+            f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB",
+            err=True,
+        )
+
+
+@cli.command()
+@click.argument("package_a", type=click.Path(exists=True, dir_okay=False))
+@click.argument("package_b", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--text",
+    "text_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="UTF-8 text to run both packages on.",
+)
+@click.option("--max-tokens", default=256, show_default=True, help="Tokens of the text used.")
+@click.option("--kv-a", default="float", type=_KV, show_default=True)
+@click.option("--kv-b", default="float", type=_KV, show_default=True)
+@click.option("--activations-a", default="float", type=_ACT, show_default=True)
+@click.option("--activations-b", default="float", type=_ACT, show_default=True)
+@click.option(
+    "--device",
+    is_flag=True,
+    help="Run B as a device would (int8 KV, int8 activations): --kv-b int8 --activations-b auto.",
+)
+@click.option(
+    "--isolated",
+    is_flag=True,
+    help="Feed every layer of B the reference input from A (per-layer error, no accumulation).",
+)
+@click.option("--kernels", default="auto", type=_KERNELS, show_default=True)
+@click.option("--threads", default=None, type=int)
+def compare(
+    package_a: str,
+    package_b: str,
+    text_file: str,
+    max_tokens: int,
+    kv_a: str,
+    kv_b: str,
+    activations_a: str,
+    activations_b: str,
+    device: bool,
+    isolated: bool,
+    kernels: str,
+    threads: int | None,
+) -> None:
+    """Per-layer cosine similarity and SNR (dB) of PACKAGE_B against PACKAGE_A.
+
+    By default both run with float activations and a float KV cache, so the figures
+    measure the packages' difference (their weights); --device adds B's runtime
+    approximations."""
+    from edgepack.runtime_shim.compare import compare_packages
+
+    if device:
+        kv_b, activations_b = "int8", "auto"
+    text = Path(text_file).read_text(encoding="utf-8")
+    report = compare_packages(
+        package_a,
+        package_b,
+        text,
+        max_tokens=max_tokens,
+        kv_a=kv_a,
+        kv_b=kv_b,
+        activations_a=activations_a,
+        activations_b=activations_b,
+        kernels=None if kernels == "auto" else kernels,
+        threads=threads,
+        isolated=isolated,
+    )
+    click.echo(f"A = {package_a} (kv {kv_a}, activations {activations_a})")
+    click.echo(f"B = {package_b} (kv {kv_b}, activations {activations_b})")
+    click.echo(f"mode: {'isolated per layer' if isolated else 'end to end'}")
+    click.echo(report.format())

@@ -1,0 +1,522 @@
+// AVX-512 (F/BW/VL/VNNI) + F16C inference kernels.
+//
+// Generic kernels: infer/generic.h with the 16-lane wrapper V16 (bit-identical to the
+// reference).  Integer GEMM: VNNI vpdpbusd, which multiplies an UNSIGNED byte by a SIGNED
+// byte.  Weights are the unsigned operand:
+//   int4:  nibbles 0..15 as stored; sym subtracts 8 * sum(x) via a per-lane correction
+//          that initialises the int32 accumulator (asym adds m * sum(x) in float instead);
+//   int8:  w ^ 0x80 = w + 128 in 0..255; the correction -128 * sum(x) does the rest.
+// The activations are re-laid out once per call ("prep", O(T K) bytes): for int4, each
+// 128-element chunk stores the even elements of its four 32-blocks, then the odd ones, so
+// that the low/high nibbles of 64 consecutive code bytes line up with them without any
+// shuffle of the weights; the per-lane correction and scale vectors are stored alongside.
+// Weights are consumed exactly as stored in the package (no repacking).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "../../fp16.h"
+#include "../../infer/infer.h"
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+struct V16 {
+    static constexpr int W = 16;
+    using T = __m512;
+    static T load(const float* p) { return _mm512_loadu_ps(p); }
+    static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+    static T set1(float v) { return _mm512_set1_ps(v); }
+    static T zero() { return _mm512_setzero_ps(); }
+    static T add(T a, T b) { return _mm512_add_ps(a, b); }
+    static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+    static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+    static T div(T a, T b) { return _mm512_div_ps(a, b); }
+    // maxps/minps return the second operand when either is NaN or both are equal: exactly
+    // `a > b ? a : b` / `a < b ? a : b`.
+    static T max(T a, T b) { return _mm512_max_ps(a, b); }
+    static T min(T a, T b) { return _mm512_min_ps(a, b); }
+    static T round(T v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static T load_i8(const int8_t* p) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    }
+    static void store_i8(int8_t* p, T v) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
+    static T pow2i(T n) {
+        const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+    }
+    static float fold16(const T* acc) {
+        const __m512 a = acc[0];
+        const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+        const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+        const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+    }
+    static uint32_t max_abs_bits(const float* x, int64_t n) {
+        const __m512i mask = _mm512_set1_epi32(0x7fffffff);
+        __m512i m = _mm512_setzero_si512();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(x + i), mask));
+        }
+        if (i < n) {
+            const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+            m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), mask));
+        }
+        return _mm512_reduce_max_epu32(m);
+    }
+    static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+    static void nib32(const uint8_t* p, float* o) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m128i m = _mm_set1_epi8(0x0f);
+        const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        const __m512 eight = _mm512_set1_ps(8.0f);
+        _mm512_storeu_ps(o, _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))), eight));
+        _mm512_storeu_ps(o + 16, _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi))), eight));
+    }
+};
+
+}  // namespace
+}  // namespace infer
+}  // namespace edgepack
+
+#include "../../infer/generic.h"
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+// ---- shared helpers -----------------------------------------------------------------------
+
+inline float finish(float acc, const GemmOut& o, int64_t t, int64_t n) {
+    if (o.bias != nullptr) acc = acc + o.bias[n];
+    if (o.residual != nullptr) acc = acc + o.residual[t * o.ldr + n];
+    return acc;
+}
+
+// Calls f(integral_constant<TR>, integral_constant<NR>, t0, n) over rows [n0, n1) and all
+// T tokens: tiles of TR <= 4 tokens x NR rows (NR independent accumulator chains per
+// token keep the FMA/VNNI pipes busy even at T = 1).  Rows are visited in blocks of 16
+// so a block's weights stay in L1 while the token tiles stream past.  Per output element
+// the arithmetic does not depend on the tile shape.
+template <int NR4, int NR1, class F>
+inline void tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
+    using std::integral_constant;
+    auto rows = [&](auto tr, auto nr, int64_t t, int64_t nb, int64_t ne) {
+        int64_t n = nb;
+        for (; n + decltype(nr)::value <= ne; n += decltype(nr)::value) f(tr, nr, t, n);
+        for (; n < ne; ++n) f(tr, integral_constant<int, 1>(), t, n);
+    };
+    for (int64_t nb = n0; nb < n1; nb += 16) {
+        const int64_t ne = nb + 16 < n1 ? nb + 16 : n1;
+        int64_t t = 0;
+        for (; t + 4 <= T; t += 4) rows(integral_constant<int, 4>(), integral_constant<int, NR4>(), t, nb, ne);
+        switch (T - t) {
+            case 3: rows(integral_constant<int, 3>(), integral_constant<int, NR1>(), t, nb, ne); break;
+            case 2: rows(integral_constant<int, 2>(), integral_constant<int, NR1>(), t, nb, ne); break;
+            case 1: rows(integral_constant<int, 1>(), integral_constant<int, NR1>(), t, nb, ne); break;
+            default: break;
+        }
+    }
+}
+
+inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
+
+// Lanes 4j..4j+3 = s[j], j < 4.
+inline __m512 spread4(__m128 s) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                 _mm512_zextps128_ps512(s));
+}
+
+// Scales of the four 32-blocks of 128-element chunk c of one weight row (zero past K).
+inline __m512 chunk_scales(const uint16_t* row, int64_t c, int64_t gw, int64_t K) {
+    const int64_t nv = (K - 128 * c) / 32;  // valid 32-blocks in this chunk (>= 1)
+    if (gw == 32) {
+        const __mmask8 m = nv >= 4 ? __mmask8{0x0f} : static_cast<__mmask8>((1u << nv) - 1u);
+        return spread4(_mm_cvtph_ps(_mm_maskz_loadu_epi16(m, row + 4 * c)));
+    }
+    if (gw % 128 == 0 && nv >= 4) return _mm512_set1_ps(_cvtsh_ss(row[128 * c / gw]));
+    const float s0 = _cvtsh_ss(row[128 * c / gw]);
+    const float s1 = nv > 1 ? _cvtsh_ss(row[(128 * c + 32) / gw]) : 0.0f;
+    const float s2 = nv > 2 ? _cvtsh_ss(row[(128 * c + 64) / gw]) : 0.0f;
+    const float s3 = nv > 3 ? _cvtsh_ss(row[(128 * c + 96) / gw]) : 0.0f;
+    return spread4(_mm_setr_ps(s0, s1, s2, s3));
+}
+
+// ---- int8-activation GEMM: int4 weights -------------------------------------------------
+// Prep per token, per 128-element chunk (CB bytes):
+//   [0, 64)    x even elements: 16 per 32-block, 4 blocks
+//   [64, 128)  x odd elements
+//   [128, 192) sym: int32 lanes -8 * lane_sum(x); asym: float lanes lane_sum(x) * lane_scale
+//   [192, 256) grouped activations only: float lane scales (xs of the lane's 32-block)
+// A lane is 4 bytes of the even and 4 of the odd part, the same elements vpdpbusd sums.
+
+inline bool i4_ok(const WeightView& w, int64_t ga) {
+    return w.K % 32 == 0 && w.group % 32 == 0 && ga % 32 == 0;
+}
+
+inline int64_t i4_chunk_bytes(int64_t K, int64_t ga) { return ga < K ? 256 : 192; }
+
+void i4_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    const int64_t K = x.K, ga = x.group, NC = (K + 127) / 128, CB = i4_chunk_bytes(K, ga);
+    const bool asym = w.enc == WEnc::i4asym, grouped = ga < K;
+    const __m256i deint = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i ones = _mm_set1_epi8(1);
+    for (int64_t t = t0; t < t1; ++t) {
+        const int8_t* q = x.q + t * K;
+        const float* s = x.s + t * (K / ga);
+        uint8_t* base = x.prep + t * x.prep_stride;
+        for (int64_t c = 0; c < NC; ++c) {
+            uint8_t* pc = base + c * CB;
+            for (int j = 0; j < 4; ++j) {
+                const int64_t e = 128 * c + 32 * j;
+                __m128i ev = _mm_setzero_si128(), od = _mm_setzero_si128();
+                float ls = 0.0f;
+                if (e < K) {
+                    __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + e)), deint);
+                    v = _mm256_permute4x64_epi64(v, _MM_SHUFFLE(3, 1, 2, 0));
+                    ev = _mm256_castsi256_si128(v);
+                    od = _mm256_extracti128_si256(v, 1);
+                    ls = grouped ? s[e / ga] : 1.0f;
+                }
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), ev);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 64 + 16 * j), od);
+                __m128i sum = _mm_dpbusd_epi32(_mm_setzero_si128(), ones, ev);
+                sum = _mm_dpbusd_epi32(sum, ones, od);
+                if (asym) {
+                    _mm_storeu_ps(reinterpret_cast<float*>(pc + 128 + 16 * j),
+                                  _mm_mul_ps(_mm_cvtepi32_ps(sum), _mm_set1_ps(ls)));
+                } else {
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j),
+                                     _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 3)));
+                }
+                if (grouped) _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? ls : 0.0f));
+            }
+        }
+    }
+}
+
+template <int TR, int NR, bool ASYM, bool GROUPED>
+inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = K / w.group;
+    const int64_t CB = i4_chunk_bytes(K, x.group);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const uint8_t* codes[NR];
+    const uint16_t* srow[NR];
+    const uint16_t* zrow[NR];
+    for (int r = 0; r < NR; ++r) {
+        codes[r] = static_cast<const uint8_t*>(w.codes) + (n0 + r) * (K / 2);
+        srow[r] = w.scales_f16 + (n0 + r) * G;
+        zrow[r] = ASYM ? w.zeros_f16 + (n0 + r) * G : nullptr;
+    }
+    __m512 acc[NR][TR];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    const uint8_t* pt[TR];
+    for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
+    for (int64_t c = 0; c < NC; ++c) {
+        __m512i lo[NR], hi[NR];
+        __m512 dv[NR], mv[NR];
+        const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
+        for (int r = 0; r < NR; ++r) {
+            const __m512i v = c < full ? ld512(codes[r] + 64 * c) : _mm512_maskz_loadu_epi8(km, codes[r] + 64 * c);
+            lo[r] = _mm512_and_si512(v, m4);
+            hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            dv[r] = chunk_scales(srow[r], c, w.group, K);
+            if (ASYM) mv[r] = chunk_scales(zrow[r], c, w.group, K);
+        }
+        for (int t = 0; t < TR; ++t) {
+            const uint8_t* pc = pt[t] + c * CB;
+            const __m512i xa = ld512(pc), xb = ld512(pc + 64);
+            const __m512i corr = ASYM ? _mm512_setzero_si512() : ld512(pc + 128);
+            __m512 xsl, xsum;
+            if (GROUPED) xsl = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192));
+            if (ASYM) xsum = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 128));
+            for (int r = 0; r < NR; ++r) {
+                __m512i ci = _mm512_dpbusd_epi32(corr, lo[r], xa);
+                ci = _mm512_dpbusd_epi32(ci, hi[r], xb);
+                const __m512 f = _mm512_cvtepi32_ps(ci);
+                acc[r][t] = _mm512_fmadd_ps(f, GROUPED ? _mm512_mul_ps(dv[r], xsl) : dv[r], acc[r][t]);
+                if (ASYM) acc[r][t] = _mm512_fmadd_ps(mv[r], xsum, acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) {
+            float v = _mm512_reduce_add_ps(acc[r][t]);
+            if (!GROUPED) v = v * x.s[t0 + t];
+            out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
+        }
+    }
+}
+
+template <bool ASYM, bool GROUPED>
+void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
+        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED>(w, x, t0, n, out);
+    });
+}
+
+// ---- int8-activation GEMM: int8 weights --------------------------------------------------
+// Prep per token: per-token activations: one int32 vector holding -128 * sum(x) (64 B);
+// grouped: per 64-element chunk, int32 lanes -128 * lane_sum(x) and float lane scales.
+
+inline bool i8_ok(const WeightView& w, int64_t ga) { return w.K % 32 == 0 && ga % 32 == 0; }
+
+void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
+    const int64_t K = x.K, ga = x.group, NC = (K + 63) / 64;
+    const __m128i ones = _mm_set1_epi8(1);
+    for (int64_t t = t0; t < t1; ++t) {
+        const int8_t* q = x.q + t * K;
+        const float* s = x.s + t * (K / ga);
+        uint8_t* base = x.prep + t * x.prep_stride;
+        if (ga == K) {
+            __m512i sum = _mm512_setzero_si512();
+            int64_t k = 0;
+            for (; k + 64 <= K; k += 64) sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(1), ld512(q + k));
+            int32_t total = _mm512_reduce_add_epi32(sum);
+            for (; k < K; ++k) total += q[k];
+            alignas(64) int32_t corr[16] = {};
+            corr[0] = -128 * total;
+            std::memcpy(base, corr, sizeof corr);
+            continue;
+        }
+        for (int64_t c = 0; c < NC; ++c) {
+            uint8_t* pc = base + c * 128;
+            for (int j = 0; j < 4; ++j) {
+                const int64_t e = 64 * c + 16 * j;
+                __m128i corr = _mm_setzero_si128();
+                float ls = 0.0f;
+                if (e < K) {
+                    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
+                    const __m128i sum = _mm_dpbusd_epi32(_mm_setzero_si128(), ones, v);
+                    corr = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7));
+                    ls = s[e / ga];
+                }
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), corr);
+                _mm_storeu_ps(reinterpret_cast<float*>(pc + 64 + 16 * j), _mm_set1_ps(ls));
+            }
+        }
+    }
+}
+
+template <int TR, int NR, bool GROUPED>
+inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, NC = (K + 63) / 64, full = K / 64;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i ai[NR][TR];
+    __m512 af[NR][TR];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) {
+            if (GROUPED) {
+                af[r][t] = _mm512_setzero_ps();
+            } else {
+                ai[r][t] = ld512(x.prep + (t0 + t) * x.prep_stride);
+            }
+        }
+    }
+    const int8_t* codes = static_cast<const int8_t*>(w.codes) + n0 * K;
+    for (int64_t c = 0; c < NC; ++c) {
+        const __mmask64 k = c < full ? ~__mmask64{0} : (uint64_t{1} << (K - 64 * c)) - 1;
+        __m512i u[NR];
+        for (int r = 0; r < NR; ++r) u[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, codes + r * K + 64 * c), flip);
+        for (int t = 0; t < TR; ++t) {
+            const __m512i xv = _mm512_maskz_loadu_epi8(k, x.q + (t0 + t) * K + 64 * c);
+            if (GROUPED) {
+                const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 128;
+                const __m512i corr = ld512(pc);
+                const __m512 xsl = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 64));
+                for (int r = 0; r < NR; ++r) {
+                    const __m512i ci = _mm512_dpbusd_epi32(corr, u[r], xv);
+                    af[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci), xsl, af[r][t]);
+                }
+            } else {
+                for (int r = 0; r < NR; ++r) ai[r][t] = _mm512_dpbusd_epi32(ai[r][t], u[r], xv);
+            }
+        }
+    }
+    // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
+    for (int r = 0; r < NR; ++r) {
+        const float ws = w.scales_f32[n0 + r];
+        for (int t = 0; t < TR; ++t) {
+            const float v = GROUPED ? _mm512_reduce_add_ps(af[r][t]) * ws
+                                    : (x.s[t0 + t] * static_cast<float>(_mm512_reduce_add_epi32(ai[r][t]))) * ws;
+            out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
+        }
+    }
+}
+
+template <bool GROUPED>
+void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
+        i8_kernel<decltype(tr)::value, decltype(nr)::value, GROUPED>(w, x, t0, n, out);
+    });
+}
+
+int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
+    if (w.enc == WEnc::i8) {
+        if (!i8_ok(w, ga)) return 0;
+        return ga == w.K ? 64 : (w.K + 63) / 64 * 128;
+    }
+    if (!i4_ok(w, ga)) return 0;
+    return (w.K + 127) / 128 * i4_chunk_bytes(w.K, ga);
+}
+
+void q8_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    if (w.enc == WEnc::i8) {
+        if (i8_ok(w, x.group)) i8_prep(w, x, t0, t1);
+    } else if (i4_ok(w, x.group)) {
+        i4_prep(w, x, t0, t1);
+    }
+}
+
+void q8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    const bool grouped = x.group < x.K;
+    if (w.enc == WEnc::i8) {
+        if (!i8_ok(w, x.group)) return ref::q8_gemm(w, x, n0, n1, out);
+        return grouped ? i8_gemm<true>(w, x, n0, n1, out) : i8_gemm<false>(w, x, n0, n1, out);
+    }
+    if (!i4_ok(w, x.group)) return ref::q8_gemm(w, x, n0, n1, out);
+    if (w.enc == WEnc::i4asym) {
+        return grouped ? i4_gemm<true, true>(w, x, n0, n1, out) : i4_gemm<true, false>(w, x, n0, n1, out);
+    }
+    return grouped ? i4_gemm<false, true>(w, x, n0, n1, out) : i4_gemm<false, false>(w, x, n0, n1, out);
+}
+
+// ---- float-activation GEMM -----------------------------------------------------------------
+// Weights are dequantized in registers exactly as edgepack.format.codecs does (int4:
+// (nib - 8) * d, or nib * d + m with two roundings; int8 scale applied once per row) and
+// multiplied into float32 accumulators with FMA.
+
+// 16 weights starting at element k of row `row` as float (k multiple of 16; masked tail).
+template <WEnc E>
+inline __m512 load_w16(const void* row, int64_t k, __mmask16 m) {
+    if (E == WEnc::f32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + k);
+    if (E == WEnc::f16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + k));
+    }
+    if (E == WEnc::bf16) {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + k);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(row) + k);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+
+template <int TR, int NR, WEnc E>
+inline void fw_kernel(const WeightView& w, const ActF32& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K;
+    const int64_t esz = E == WEnc::f32 ? 4 : (E == WEnc::i8 ? 1 : 2);
+    const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n0 * K * esz;
+    __m512 acc[NR][TR];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 m = k + 16 <= K ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (K - k)) - 1u);
+        __m512 wv[NR];
+        for (int r = 0; r < NR; ++r) wv[r] = load_w16<E>(base + r * K * esz, k, m);
+        for (int t = 0; t < TR; ++t) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x.x + (t0 + t) * K + k);
+            for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) {
+            float v = _mm512_reduce_add_ps(acc[r][t]);
+            if (E == WEnc::i8) v = v * w.scales_f32[n0 + r];
+            out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
+        }
+    }
+}
+
+// int4 weights, float activations: per 32 elements (16 code bytes) of NR rows, nibbles are
+// interleaved back to element order and dequantized exactly as codecs does, then FMA'd
+// into TR x NR float accumulators.
+template <int TR, int NR, bool ASYM>
+inline void f4_kernel(const WeightView& w, const ActF32& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, gw = w.group, G = K / gw;
+    const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m512 acc[NR][TR];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 w0[NR], w1[NR];
+        for (int r = 0; r < NR; ++r) {
+            const int64_t n = n0 + r;
+            const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * (K / 2);
+            const __m512 d = _mm512_set1_ps(_cvtsh_ss(w.scales_f16[n * G + k / gw]));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2));
+            const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+            __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+            if (ASYM) {
+                const __m512 m = _mm512_set1_ps(_cvtsh_ss(w.zeros_f16[n * G + k / gw]));
+                w0[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e0)), d), m);
+                w1[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e1)), d), m);
+            } else {
+                e0 = _mm_sub_epi8(e0, eight);
+                e1 = _mm_sub_epi8(e1, eight);
+                w0[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e0)), d);
+                w1[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e1)), d);
+            }
+        }
+        for (int t = 0; t < TR; ++t) {
+            const float* xr = x.x + (t0 + t) * K + k;
+            const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
+            for (int r = 0; r < NR; ++r) {
+                acc[r][t] = _mm512_fmadd_ps(x0, w0[r], acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(x1, w1[r], acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) {
+            out.y[(t0 + t) * out.ldy + n0 + r] = finish(_mm512_reduce_add_ps(acc[r][t]), out, t0 + t, n0 + r);
+        }
+    }
+}
+
+int64_t f32_prep_bytes(const WeightView&) { return 0; }
+void f32_prep(const WeightView&, const ActF32&, int64_t, int64_t) {}
+
+void f32_gemm(const WeightView& w, const ActF32& x, int64_t n0, int64_t n1, const GemmOut& out) {
+#define EDGEPACK_FW(E)                                                                     \
+    return tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {    \
+        fw_kernel<decltype(tr)::value, decltype(nr)::value, E>(w, x, t0, n, out);          \
+    })
+#define EDGEPACK_F4(A)                                                                     \
+    return tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {    \
+        f4_kernel<decltype(tr)::value, decltype(nr)::value, A>(w, x, t0, n, out);          \
+    })
+    switch (w.enc) {
+        case WEnc::f32: EDGEPACK_FW(WEnc::f32);
+        case WEnc::f16: EDGEPACK_FW(WEnc::f16);
+        case WEnc::bf16: EDGEPACK_FW(WEnc::bf16);
+        case WEnc::i8: EDGEPACK_FW(WEnc::i8);
+        case WEnc::i4sym:
+        case WEnc::i4asym:
+            if (w.K % 32 != 0 || w.group % 32 != 0) return ref::f32_gemm(w, x, n0, n1, out);
+            if (w.enc == WEnc::i4asym) EDGEPACK_F4(true);
+            EDGEPACK_F4(false);
+    }
+#undef EDGEPACK_FW
+#undef EDGEPACK_F4
+}
+
+}  // namespace
+
+const InferTable& avx512_infer_table() {
+    static const InferTable t = EDGEPACK_INFER_TABLE("avx512", V16, q8_prep_bytes, q8_prep, q8_gemm,
+                                                      f32_prep_bytes, f32_prep, f32_gemm);
+    return t;
+}
+
+}  // namespace infer
+}  // namespace edgepack

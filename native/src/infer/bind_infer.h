@@ -1,0 +1,42 @@
+// Binding helpers shared by bind_infer.cpp and the whole-layer binding (layer.cpp).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "infer.h"
+
+namespace edgepack {
+namespace infer {
+
+// A validated weight matrix bound once: holds references to the numpy parts (e.g. views
+// of a package's read-only mmap) and the raw view the kernels use.  Python: Weight.
+struct __attribute__((visibility("hidden"))) Weight {
+    pybind11::object codes, scales, zeros;
+    WeightView view;
+
+    Weight(const pybind11::object& codes, const pybind11::object& scales, const pybind11::object& zeros,
+           const pybind11::object& encoding, int64_t group);
+    int64_t nbytes() const;
+};
+
+// A validated paged KV cache (the arrays it points into are kept alive by `keep`).
+struct __attribute__((visibility("hidden"))) KvHandle {
+    KvCache kv;
+    std::vector<pybind11::array> keep;
+};
+
+// Checks k_cache / k_scale / v_cache / v_scale / block_table (layout in _kernels.pyi) for
+// positions [0, needed_positions); TypeError / ValueError on any mismatch.
+KvHandle kv_cache_from(const pybind11::object& k_cache, const pybind11::object& k_scale,
+                       const pybind11::object& v_cache, const pybind11::object& v_scale,
+                       const pybind11::object& block_table, int64_t needed_positions);
+
+void bind_infer(pybind11::module_& m);
+void bind_layer(pybind11::module_& m);  // layer.cpp
+
+}  // namespace infer
+}  // namespace edgepack

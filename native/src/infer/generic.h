@@ -1,0 +1,665 @@
+// Elementwise, normalization, RoPE and attention kernels written once against a small
+// SIMD wrapper `V` (ggml's GGML_F32_VEC idea) and instantiated in every ISA translation
+// unit: ref_infer.cpp with the scalar wrapper VS below, arch/<isa>/infer_<isa>.cpp with
+// their own.  Include this header from exactly one .cpp per ISA, after defining V: all
+// code sits in an anonymous namespace, so every TU keeps its own copy compiled with its
+// own flags (no inline symbol can carry AVX-512 code into the portable path).
+//
+// Bit-exactness across ISAs (see infer.h) follows from three rules kept here:
+//   1. elementwise math is one fixed sequence of IEEE mul/add/sub/div/sqrt (never fused:
+//      the build uses -ffp-contract=off and no FMA intrinsic appears below);
+//   2. float sums use 16 canonical lanes (element k -> lane k % 16) folded 16->8->4->2->1;
+//   3. max/min are `a > b ? a : b` / `a < b ? a : b` on every ISA, and the abs-max of a
+//      quantization group is an integer max over |x| bits (exact, order-free, NaN-aware).
+//
+// Required from V (T = its vector type of W floats, W in {1, 4, 8, 16}):
+//   load store set1 zero add sub mul div max min round(nearest-even)
+//   load_i8(const int8_t*)           W int8 -> float
+//   store_i8(int8_t*, T)             T holds integers in [-127, 127]
+//   pow2i(T n)                       2^n for integral n in [-126, 127]
+//   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
+//   max_abs_bits(const float*, n)    max over |x| float bits as uint32
+//   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
+//   h2f(uint16_t)                    float16 bits -> float (exact)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "../fp16.h"
+#include "infer.h"
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+constexpr uint32_t kNonFinite = 0x7f800000u;  // |x| bits >= this: Inf or NaN
+
+// ---- the scalar wrapper: reference semantics, also used for every vector tail ----------
+struct VS {
+    static constexpr int W = 1;
+    using T = float;
+    static T load(const float* p) { return *p; }
+    static void store(float* p, T v) { *p = v; }
+    static T set1(float v) { return v; }
+    static T zero() { return 0.0f; }
+    static T add(T a, T b) { return a + b; }
+    static T sub(T a, T b) { return a - b; }
+    static T mul(T a, T b) { return a * b; }
+    static T div(T a, T b) { return a / b; }
+    static T max(T a, T b) { return a > b ? a : b; }
+    static T min(T a, T b) { return a < b ? a : b; }
+    // Nearest-even for |v| < 2^22 (all callers bound v first): the ggml magic-number trick.
+    static T round(T v) { return (v + 12582912.0f) - 12582912.0f; }
+    static T load_i8(const int8_t* p) { return static_cast<float>(*p); }
+    static void store_i8(int8_t* p, T v) { *p = static_cast<int8_t>(static_cast<int32_t>(v)); }
+    static T pow2i(T n) { return bits_f32(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23); }
+    static float fold16(const T* acc) {
+        float l[16];
+        for (int i = 0; i < 16; ++i) l[i] = acc[i];
+        for (int h = 8; h >= 1; h >>= 1) {
+            for (int i = 0; i < h; ++i) l[i] = l[i] + l[i + h];
+        }
+        return l[0];
+    }
+    static uint32_t max_abs_bits(const float* x, int64_t n) {
+        uint32_t m = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t b = f32_bits(x[i]) & 0x7fffffffu;
+            m = b > m ? b : m;
+        }
+        return m;
+    }
+    static float h2f(uint16_t h) { return f16_to_f32(h); }
+    static void nib32(const uint8_t* p, float* o) {
+        for (int i = 0; i < 16; ++i) {
+            o[2 * i] = static_cast<float>(p[i] & 0x0f) - 8.0f;
+            o[2 * i + 1] = static_cast<float>(p[i] >> 4) - 8.0f;
+        }
+    }
+};
+
+// ---- vector math ------------------------------------------------------------------------
+// exp(x) for finite x: Cephes expf (range reduction with a split ln 2, degree-6
+// polynomial), about 2 ulp.  x is clamped to [-87.3, 88] so 2^n stays a normal float; NaN
+// inputs give an unspecified finite value (callers make NaN propagate through other
+// operands).
+template <class V>
+inline typename V::T exp_v(typename V::T x) {
+    using T = typename V::T;
+    x = V::min(V::max(x, V::set1(-87.33f)), V::set1(88.0f));
+    const T n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+    T r = V::sub(x, V::mul(n, V::set1(0.693359375f)));
+    r = V::sub(r, V::mul(n, V::set1(-2.12194440e-4f)));
+    T p = V::set1(1.9875691500e-4f);
+    p = V::add(V::mul(p, r), V::set1(1.3981999507e-3f));
+    p = V::add(V::mul(p, r), V::set1(8.3334519073e-3f));
+    p = V::add(V::mul(p, r), V::set1(4.1665795894e-2f));
+    p = V::add(V::mul(p, r), V::set1(1.6666665459e-1f));
+    p = V::add(V::mul(p, r), V::set1(5.0000001201e-1f));
+    p = V::add(V::add(V::mul(p, V::mul(r, r)), r), V::set1(1.0f));
+    return V::mul(p, V::pow2i(n));
+}
+
+// silu(g) * u = g / (1 + exp(-g)) * u.  NaN in g or u propagates.
+template <class V>
+inline typename V::T swiglu_v(typename V::T g, typename V::T u) {
+    const typename V::T e = exp_v<V>(V::sub(V::zero(), g));
+    return V::mul(V::div(g, V::add(V::set1(1.0f), e)), u);
+}
+
+// Canonical 16-lane dot product of a[0, n) and b[0, n) (b converted by Load).
+template <class V, class B, class LoadB>
+inline float dot16(const float* a, const B* b, int64_t n, LoadB load_b) {
+    constexpr int NA = 16 / V::W;
+    typename V::T acc[NA];
+    for (int j = 0; j < NA; ++j) acc[j] = V::zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int j = 0; j < NA; ++j) {
+            acc[j] = V::add(acc[j], V::mul(V::load(a + i + j * V::W), load_b(b + i + j * V::W)));
+        }
+    }
+    if (i == n) return V::fold16(acc);
+    float lanes[16];
+    for (int j = 0; j < NA; ++j) V::store(lanes + j * V::W, acc[j]);
+    for (int64_t k = i; k < n; ++k) lanes[k - i] = lanes[k - i] + a[k] * static_cast<float>(b[k]);
+    return VS::fold16(lanes);
+}
+
+// Canonical 16-lane sum of x[0, n): element k in lane k % 16, folded like dot16.
+template <class V>
+inline float sum16(const float* x, int64_t n) {
+    constexpr int NA = 16 / V::W;
+    typename V::T acc[NA];
+    for (int j = 0; j < NA; ++j) acc[j] = V::zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int j = 0; j < NA; ++j) acc[j] = V::add(acc[j], V::load(x + i + j * V::W));
+    }
+    if (i == n) return V::fold16(acc);
+    float lanes[16];
+    for (int j = 0; j < NA; ++j) V::store(lanes + j * V::W, acc[j]);
+    for (int64_t k = i; k < n; ++k) lanes[k - i] = lanes[k - i] + x[k];
+    return VS::fold16(lanes);
+}
+
+// ---- activation quantization ------------------------------------------------------------
+// Quantize x[0, n) with one scale, as edgepack.format.codecs.quantize_int8_channel does:
+// d = amax / 127, inv = 1/d (0 if d == 0), q = clip(rint(x * inv), -127, 127), except that
+// 0 * inf (inv overflowing for a subnormal d) is defined as 0.  False on NaN/Inf.
+template <class V>
+inline bool quant_group(const float* x, int64_t n, int8_t* q, float* s) {
+    const uint32_t bits = V::max_abs_bits(x, n);
+    if (bits >= kNonFinite) return false;
+    const float d = bits_f32(bits) / 127.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    *s = d;
+    if ((f32_bits(inv) & 0x7fffffffu) == kNonFinite) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float y = x[i] * inv;
+            q[i] = y != y ? int8_t{0} : static_cast<int8_t>(y > 0 ? 127 : -127);
+            if (x[i] == 0.0f) q[i] = 0;
+        }
+        return true;
+    }
+    const typename V::T vi = V::set1(inv), lo = V::set1(-127.0f), hi = V::set1(127.0f);
+    int64_t i = 0;
+    for (; i + V::W <= n; i += V::W) {
+        const typename V::T y = V::min(V::max(V::mul(V::load(x + i), vi), lo), hi);
+        V::store_i8(q + i, V::round(y));
+    }
+    for (; i < n; ++i) VS::store_i8(q + i, VS::round(VS::min(VS::max(x[i] * inv, -127.0f), 127.0f)));
+    return true;
+}
+
+inline int64_t first_bad(const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        if ((f32_bits(x[i]) & kNonFinite) == kNonFinite) return i;
+    }
+    return 0;
+}
+
+template <class V>
+Result quant_act_row(const float* x, int64_t K, int64_t group, int8_t* q, float* s) {
+    for (int64_t g0 = 0, j = 0; g0 < K; g0 += group, ++j) {
+        if (!quant_group<V>(x + g0, group, q + g0, s + j)) {
+            return {Status::non_finite, 0, g0 + first_bad(x + g0, group)};
+        }
+    }
+    return {};
+}
+
+// Quantize values produced on the fly by make(i0, i1, buf) (buf[0, i1 - i0) = y[i0, i1)),
+// group by group.  Groups that fit the stack buffer are produced once; larger groups are
+// produced twice (abs-max pass, then quantize pass): elementwise, so identical both times.
+constexpr int64_t kQuantBuf = 4096;
+
+template <class V, class Make>
+inline Result quant_made(int64_t K, int64_t group, int8_t* q, float* s, Make make) {
+    alignas(64) float buf[kQuantBuf];
+    for (int64_t g0 = 0, j = 0; g0 < K; g0 += group, ++j) {
+        if (group <= kQuantBuf) {
+            make(g0, g0 + group, buf);
+            if (!quant_group<V>(buf, group, q + g0, s + j)) {
+                return {Status::non_finite, 0, g0 + first_bad(buf, group)};
+            }
+            continue;
+        }
+        uint32_t bits = 0;
+        for (int64_t c = g0; c < g0 + group; c += kQuantBuf) {
+            const int64_t n = c + kQuantBuf < g0 + group ? kQuantBuf : g0 + group - c;
+            make(c, c + n, buf);
+            const uint32_t b = V::max_abs_bits(buf, n);
+            if (b >= kNonFinite) return {Status::non_finite, 0, c + first_bad(buf, n)};
+            bits = b > bits ? b : bits;
+        }
+        const float d = bits_f32(bits) / 127.0f;
+        const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+        s[j] = d;
+        const typename V::T vi = V::set1(inv), lo = V::set1(-127.0f), hi = V::set1(127.0f);
+        const bool inf_inv = (f32_bits(inv) & 0x7fffffffu) == kNonFinite;
+        for (int64_t c = g0; c < g0 + group; c += kQuantBuf) {
+            const int64_t n = c + kQuantBuf < g0 + group ? kQuantBuf : g0 + group - c;
+            make(c, c + n, buf);
+            int64_t i = 0;
+            if (!inf_inv) {
+                for (; i + V::W <= n; i += V::W) {
+                    const typename V::T y = V::min(V::max(V::mul(V::load(buf + i), vi), lo), hi);
+                    V::store_i8(q + c + i, V::round(y));
+                }
+            }
+            for (; i < n; ++i) {
+                const float y = buf[i] * inv;
+                if (inf_inv) {
+                    q[c + i] = (y != y || buf[i] == 0.0f) ? int8_t{0}
+                                                          : static_cast<int8_t>(y > 0 ? 127 : -127);
+                } else {
+                    VS::store_i8(q + c + i, VS::round(VS::min(VS::max(y, -127.0f), 127.0f)));
+                }
+            }
+        }
+    }
+    return {};
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------
+// r = 1 / sqrt(sum(x^2) / K + eps) (canonical 16-lane sum); y = (x * r) * w.
+template <class V>
+inline float rms_factor(const float* x, int64_t K, float eps) {
+    const float ss = dot16<V>(x, x, K, [](const float* p) { return V::load(p); });
+    return 1.0f / std::sqrt(ss / static_cast<float>(K) + eps);
+}
+
+template <class V>
+inline void rms_apply(const float* x, const float* w, float r, int64_t i0, int64_t i1, float* y) {
+    const typename V::T vr = V::set1(r);
+    int64_t i = i0;
+    for (; i + V::W <= i1; i += V::W) {
+        V::store(y + (i - i0), V::mul(V::mul(V::load(x + i), vr), V::load(w + i)));
+    }
+    for (; i < i1; ++i) y[i - i0] = (x[i] * r) * w[i];
+}
+
+template <class V>
+void rmsnorm_row(const float* x, const float* w, int64_t K, float eps, float* y) {
+    rms_apply<V>(x, w, rms_factor<V>(x, K, eps), 0, K, y);
+}
+
+template <class V>
+Result rmsnorm_quant_row(const float* x, const float* w, int64_t K, float eps, int64_t group,
+                         int8_t* q, float* s) {
+    const float r = rms_factor<V>(x, K, eps);
+    return quant_made<V>(K, group, q, s, [&](int64_t i0, int64_t i1, float* buf) {
+        rms_apply<V>(x, w, r, i0, i1, buf);
+    });
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------
+template <class V>
+inline void swiglu_apply(const float* g, const float* u, int64_t i0, int64_t i1, float* y) {
+    int64_t i = i0;
+    for (; i + V::W <= i1; i += V::W) V::store(y + (i - i0), swiglu_v<V>(V::load(g + i), V::load(u + i)));
+    for (; i < i1; ++i) y[i - i0] = swiglu_v<VS>(g[i], u[i]);
+}
+
+template <class V>
+void swiglu_row(const float* g, const float* u, int64_t F, float* y) {
+    swiglu_apply<V>(g, u, 0, F, y);
+}
+
+template <class V>
+Result swiglu_quant_row(const float* g, const float* u, int64_t F, int64_t group, int8_t* q,
+                        float* s) {
+    return quant_made<V>(F, group, q, s, [&](int64_t i0, int64_t i1, float* buf) {
+        swiglu_apply<V>(g, u, i0, i1, buf);
+    });
+}
+
+// ---- RoPE (NeoX / rotate-half) ------------------------------------------------------------
+// For i < D/2: y[i] = x[i] c - x[i + D/2] s; y[i + D/2] = x[i + D/2] c + x[i] s.
+template <class V>
+void rope_row(float* x, int64_t H, int64_t D, int64_t hstride, const float* cs, const float* sn) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < H; ++h) {
+        float* a = x + h * hstride;
+        float* b = a + half;
+        int64_t i = 0;
+        for (; i + V::W <= half; i += V::W) {
+            const typename V::T x1 = V::load(a + i), x2 = V::load(b + i);
+            const typename V::T c = V::load(cs + i), s = V::load(sn + i);
+            V::store(a + i, V::sub(V::mul(x1, c), V::mul(x2, s)));
+            V::store(b + i, V::add(V::mul(x2, c), V::mul(x1, s)));
+        }
+        for (; i < half; ++i) {
+            const float x1 = a[i], x2 = b[i];
+            a[i] = x1 * cs[i] - x2 * sn[i];
+            b[i] = x2 * cs[i] + x1 * sn[i];
+        }
+    }
+}
+
+// ---- KV cache ---------------------------------------------------------------------------
+// V group: d = peak / -8 (+0, so an all-zero group gets +0) with peak the first element of
+// largest |v| (codecs int4 sym), rounded to float16 when the scale pool is float16;
+// nib = clip(rint(v * (1/d)), -8, 7) + 8.
+inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* d16_out) {
+    uint32_t m = 0;
+    int peak = 0;
+    for (int i = 0; i < 32; ++i) {
+        const uint32_t b = f32_bits(v[i]) & 0x7fffffffu;
+        if (b > m) {
+            m = b;
+            peak = i;
+        }
+    }
+    float d = v[peak] / -8.0f + 0.0f;  // + 0 turns -0 (an all-zero group) into +0
+    if (d16_out != nullptr) {
+        const uint16_t h = f32_to_f16(d);
+        if (f16_is_inf(h)) return false;
+        *d16_out = h;
+        d = f16_to_f32(h);
+    } else {
+        *d_out = d;
+    }
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    const bool inf_inv = (f32_bits(inv) & 0x7fffffffu) == kNonFinite;
+    for (int i = 0; i < 16; ++i) {
+        int32_t n[2];
+        for (int k = 0; k < 2; ++k) {
+            const float y = v[2 * i + k] * inv;
+            float c;
+            if (inf_inv && (y != y || v[2 * i + k] == 0.0f)) {
+                c = 0.0f;
+            } else {
+                c = VS::round(VS::min(VS::max(y, -8.0f), 7.0f));
+            }
+            n[k] = static_cast<int32_t>(c) + 8;
+        }
+        out[i] = static_cast<uint8_t>(n[0] | (n[1] << 4));
+    }
+    return true;
+}
+
+template <class V>
+Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride, const float* v,
+                int64_t vstride) {
+    const int64_t H = kv.n_kv_heads, D = kv.head_dim;
+    for (int64_t h = 0; h < H; ++h) {  // check everything first: a failed write changes nothing
+        if (V::max_abs_bits(k + h * kstride, D) >= kNonFinite) {
+            return {Status::non_finite, h, first_bad(k + h * kstride, D)};
+        }
+        if (V::max_abs_bits(v + h * vstride, D) >= kNonFinite) {
+            return {Status::non_finite, H + h, first_bad(v + h * vstride, D)};
+        }
+    }
+    if (!kv.quantized) {
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t idx = kv.index(pos, h);
+            std::memcpy(kv.kf + idx * D, k + h * kstride, static_cast<size_t>(D) * sizeof(float));
+            std::memcpy(kv.vf + idx * D, v + h * vstride, static_cast<size_t>(D) * sizeof(float));
+        }
+        return {};
+    }
+    const int64_t G = D / 32;
+    if (kv.v_scale_f16) {  // the only failure left: a V scale beyond float16 range
+        for (int64_t h = 0; h < H; ++h) {
+            for (int64_t g = 0; g < G; ++g) {
+                const float* vg = v + h * vstride + g * 32;
+                float peak = 0.0f;
+                uint32_t m = 0;
+                for (int i = 0; i < 32; ++i) {
+                    const uint32_t b = f32_bits(vg[i]) & 0x7fffffffu;
+                    if (b > m) {
+                        m = b;
+                        peak = vg[i];
+                    }
+                }
+                if (f16_is_inf(f32_to_f16(peak / -8.0f))) return {Status::scale_overflow, h, g};
+            }
+        }
+    }
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t idx = kv.index(pos, h);
+        quant_group<V>(k + h * kstride, D, kv.k + idx * D, kv.k_scale + idx);
+        uint8_t* vq = kv.v + idx * (D / 2);
+        for (int64_t g = 0; g < G; ++g) {
+            if (kv.v_scale_f16) {
+                quant_v_group(v + h * vstride + g * 32, vq + g * 16, nullptr,
+                              static_cast<uint16_t*>(kv.v_scale) + idx * G + g);
+            } else {
+                quant_v_group(v + h * vstride + g * 32, vq + g * 16,
+                              static_cast<float*>(kv.v_scale) + idx * G + g, nullptr);
+            }
+        }
+    }
+    return {};
+}
+
+// ---- attention: nq query heads sharing one kv head, over positions [0, L) -------------
+// Per query head: s_p = (q . float(kq_p)) * k_scale_p * scale (canonical dot; float cache:
+// (q . k_p) * scale), m = max s, e_p = exp(s_p - m), Z = canonical 16-lane sum of e_p
+// (position p in lane p % 16), then per V group out[i] += (e_p * v_scale) * (nib_i - 8)
+// (float cache: out[i] += e_p * v[i]) in position order, and out *= 1 / Z.  Each head's sequence of operations does not depend
+// on nq, so decode (nq = 1) and prefill (nq = heads per kv head) give identical bits.
+// Positions are walked block by block through the block table (no division per position).
+// q [nq, D] contiguous, out [nq, D], sc holds nq * L + D floats.
+// Largest of x[0, n) (n >= 1).  Exact for non-NaN values; among equal values only the
+// sign of a zero can differ, which does not change any x - max.
+template <class V>
+inline float max_of(const float* x, int64_t n) {
+    float m = x[0];
+    int64_t i = 0;
+    if (n >= V::W) {
+        typename V::T vm = V::load(x);
+        for (i = V::W; i + V::W <= n; i += V::W) vm = V::max(V::load(x + i), vm);
+        float lanes[V::W];
+        V::store(lanes, vm);
+        m = lanes[0];
+        for (int k = 1; k < V::W; ++k) m = lanes[k] > m ? lanes[k] : m;
+    }
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+template <class V>
+inline void axpy_row(float* out, float a, const float* v, int64_t D) {
+    const typename V::T va = V::set1(a);
+    const int64_t nv = D / V::W * V::W;
+    for (int64_t i = 0; i < nv; i += V::W) V::store(out + i, V::add(V::load(out + i), V::mul(va, V::load(v + i))));
+    for (int64_t i = nv; i < D; ++i) out[i] = out[i] + a * v[i];
+}
+
+// Tile of queries (see AttnTile): lengths L_j = L0 + j / per are nondecreasing in j, so
+// the queries that see position p are those with j >= first_active(p).
+inline int64_t first_active(const AttnTile& t, int64_t p) { return p < t.L0 ? 0 : (p - t.L0 + 1) * t.per; }
+
+inline const float* tile_q(const AttnTile& t, int64_t j, int64_t D) {
+    return t.q + (j / t.per) * t.qstride + (j % t.per) * D;
+}
+inline float* tile_out(const AttnTile& t, int64_t j, int64_t D) {
+    return t.out + (j / t.per) * t.ostride + (j % t.per) * D;
+}
+
+// out_j += (e_jp * v_scale) * (nib - 8) over positions, accumulating in memory.
+template <class V>
+inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const float* sc,
+                       int64_t Lmax, float* row) {
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, G = D / 32;
+    for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
+        const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
+        const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        for (int64_t s = 0; s < n; ++s) {
+            const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
+            if (!kv.quantized) {
+                for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
+                    float* ot = t.out + tt * t.ostride;
+                    for (int64_t r = 0; r < t.per; ++r, ++j) axpy_row<V>(ot + r * D, sc[j * Lmax + p], kv.vf + idx * D, D);
+                }
+                continue;
+            }
+            const uint8_t* vq = kv.v + idx * (D / 2);
+            for (int64_t g = 0; g < G; ++g) {
+                V::nib32(vq + g * 16, row + g * 32);
+                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
+                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
+                    float* ot = t.out + tt * t.ostride + g * 32;
+                    for (int64_t r = 0; r < t.per; ++r, ++j) axpy_row<V>(ot + r * D, sc[j * Lmax + p] * d, row + g * 32, 32);
+                }
+            }
+        }
+    }
+}
+
+// The same for a single query with D known at compile time: the accumulators stay in
+// registers (identical operations, so identical bits).
+template <class V, int DD>
+inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* sc, float* out,
+                        float* row) {
+    constexpr int NV = DD / V::W, G = DD / 32;
+    const int64_t H = kv.n_kv_heads, BS = kv.block_size;
+    typename V::T acc[NV];
+    for (int i = 0; i < NV; ++i) acc[i] = V::zero();
+    for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
+        const int64_t n = BS < L - p0 ? BS : L - p0;
+        const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        for (int64_t s = 0; s < n; ++s) {
+            const int64_t idx = base + s * H;
+            const uint8_t* vq = kv.v + idx * (DD / 2);
+            for (int g = 0; g < G; ++g) {
+                V::nib32(vq + g * 16, row + g * 32);
+                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
+                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                const typename V::T va = V::set1(sc[p0 + s] * d);
+                for (int w = 0; w < 32 / V::W; ++w) {
+                    const int i = g * (32 / V::W) + w;
+                    acc[i] = V::add(acc[i], V::mul(va, V::load(row + g * 32 + w * V::W)));
+                }
+            }
+        }
+    }
+    for (int i = 0; i < NV; ++i) V::store(out + i * V::W, acc[i]);
+}
+
+// Scores of a tile against W keys at once (W = vector width): K block transposed to
+// kt[d * W + w] (float), then for each query lane partials P_i = sum over d = i (mod 16),
+// in increasing d, of q_d * kt[d] (starting from +0, multiply then add), folded with the
+// same 16->8->4->2->1 tree as dot16: every key's score has exactly dot16's bits.
+template <class V>
+inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, float* sc, int64_t Lmax,
+                         float* kt) {
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
+    constexpr int W = V::W;
+    int64_t idx[W];
+    float ks[W];
+    for (int64_t p = 0; p < Lmax; p += W) {
+        const int64_t n = W < Lmax - p ? W : Lmax - p;
+        for (int w = 0; w < W; ++w) {
+            const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
+            idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
+            ks[w] = kv.quantized ? kv.k_scale[idx[w]] : 1.0f;
+        }
+        for (int w = 0; w < W; ++w) {
+            if (kv.quantized) {
+                const int8_t* kq = kv.k + idx[w] * D;
+                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = static_cast<float>(kq[d]);
+            } else {
+                const float* kf = kv.kf + idx[w] * D;
+                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = kf[d];
+            }
+        }
+        const typename V::T vks = V::load(ks), vscale = V::set1(t.scale);
+        for (int64_t tt = first_active(t, p) / t.per, j = tt * t.per; j < t.nq; ++tt) {
+            const float* qt = t.q + tt * t.qstride;
+            for (int64_t r = 0; r < t.per; ++r, ++j) {
+                const float* q = qt + r * D;
+                typename V::T P[16];
+                for (int i = 0; i < 16; ++i) P[i] = V::zero();
+                int64_t d0 = 0;
+                for (; d0 + 16 <= D; d0 += 16) {  // i compile-time: P stays in registers
+                    for (int i = 0; i < 16; ++i) {
+                        P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
+                    }
+                }
+                for (int i = 0; d0 + i < D; ++i) {
+                    P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
+                }
+                for (int h = 8; h >= 1; h >>= 1) {
+                    for (int i = 0; i < h; ++i) P[i] = V::add(P[i], P[i + h]);
+                }
+                const typename V::T s = kv.quantized ? V::mul(V::mul(P[0], vks), vscale) : V::mul(P[0], vscale);
+                if (n == W) {
+                    V::store(sc + j * Lmax + p, s);
+                } else {
+                    float tmp[W];
+                    V::store(tmp, s);
+                    for (int64_t w = 0; w < n; ++w) sc[j * Lmax + p + w] = tmp[w];
+                }
+            }
+        }
+    }
+}
+
+template <class V>
+void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
+    const int64_t Lmax = t.L0 + (t.nq - 1) / t.per;
+    float* row = sc + t.nq * Lmax;  // one K or V row as float (or a W x D transposed block)
+    if (V::W >= 8 && t.nq >= 4) {
+        scores_block<V>(kv, head, t, sc, Lmax, row);
+    } else {
+    // scores, one key at a time
+    for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
+        const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
+        const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        for (int64_t s = 0; s < n; ++s) {
+            const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
+            if (kv.quantized && t.nq == 1) {  // convert in registers (same floats)
+                const float dot = dot16<V>(t.q, kv.k + idx * D, D, [](const int8_t* x) { return V::load_i8(x); });
+                sc[p] = (dot * kv.k_scale[idx]) * t.scale;
+                continue;
+            }
+            const float* kr;
+            float ks = 1.0f;
+            if (kv.quantized) {  // several queries: convert the row once
+                const int8_t* kq = kv.k + idx * D;
+                int64_t i = 0;
+                for (; i + V::W <= D; i += V::W) V::store(row + i, V::load_i8(kq + i));
+                for (; i < D; ++i) row[i] = static_cast<float>(kq[i]);
+                kr = row;
+                ks = kv.k_scale[idx];
+            } else {
+                kr = kv.kf + idx * D;
+            }
+            for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
+                const float* qt = t.q + tt * t.qstride;
+                for (int64_t r = 0; r < t.per; ++r, ++j) {
+                    const float dot = dot16<V>(qt + r * D, kr, D, [](const float* x) { return V::load(x); });
+                    sc[j * Lmax + p] = kv.quantized ? (dot * ks) * t.scale : dot * t.scale;
+                }
+            }
+        }
+    }
+    }
+    // softmax numerators
+    for (int64_t j = 0; j < t.nq; ++j) {
+        float* sj = sc + j * Lmax;
+        const int64_t L = t.L0 + j / t.per;
+        const float m = max_of<V>(sj, L);
+        const typename V::T vm = V::set1(m);
+        int64_t p = 0;
+        for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
+        for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
+        float* o = tile_out(t, j, D);
+        for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
+    }
+    if (t.nq == 1 && kv.quantized && D == 64) {
+        attn_v_regs<V, 64>(kv, head, Lmax, sc, t.out, row);
+    } else if (t.nq == 1 && kv.quantized && D == 128) {
+        attn_v_regs<V, 128>(kv, head, Lmax, sc, t.out, row);
+    } else {
+        attn_v_mem<V>(kv, head, t, sc, Lmax, row);
+    }
+    for (int64_t j = 0; j < t.nq; ++j) {
+        const float z = sum16<V>(sc + j * Lmax, t.L0 + j / t.per);
+        const float inv = 1.0f / z;
+        const typename V::T vi = V::set1(inv);
+        float* o = tile_out(t, j, D);
+        int64_t i = 0;
+        for (; i + V::W <= D; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
+        for (; i < D; ++i) o[i] = o[i] * inv;
+    }
+}
+
+}  // namespace
+}  // namespace infer
+}  // namespace edgepack
+
+// Table helper: the generic kernels of ISA wrapper V plus the given matmul kernels.
+#define EDGEPACK_INFER_TABLE(NAME, V, Q8B, Q8P, Q8G, FB, FP, FG)                                  \
+    {                                                                                            \
+        NAME, quant_act_row<V>, rmsnorm_row<V>, rmsnorm_quant_row<V>, swiglu_row<V>,             \
+            swiglu_quant_row<V>, rope_row<V>, kv_write<V>, attn_heads<V>, Q8B, Q8P, Q8G, FB, FP, FG \
+    }

@@ -1,0 +1,186 @@
+// Inference kernel interface shared by the portable reference (infer/ref_infer.cpp) and
+// every ISA override (arch/<isa>/infer_<isa>.cpp).
+//
+// Kernels work on one row / one head / one block of output rows, never allocate, throw or
+// touch Python.  The drivers in infer/ops.cpp split work across the thread pool and the
+// bindings in infer/bind_infer.cpp validate every argument before a kernel sees it, so a
+// kernel may assume the shapes and alignments documented here.
+//
+// Numerics contract (tested in tests/test_native_infer.py):
+// * Activation quantization (quant_act, rmsnorm_quant, swiglu_quant, KV quantize-on-write)
+//   is bit-identical across ISAs: every step is an elementwise IEEE operation or an exact
+//   max, and scales follow edgepack.format.codecs (d = amax/127, q = clip(rint(x*(1/d)))).
+// * Float reductions (RMSNorm sum of squares, attention q.k) use one canonical order: 16
+//   lane partial sums (element k goes to lane k % 16, added in increasing k), folded
+//   pairwise 16->8->4->2->1 (lane i + lane i+half).  Elementwise math is multiply then add,
+//   never fused; exp uses one polynomial (infer/vecmath.h).  So RMSNorm, SwiGLU, RoPE and
+//   attention are bit-identical across scalar/AVX2/AVX-512/NEON too.
+// * The integer GEMV/GEMM accumulates exact int32 partial sums per block; combining them
+//   with the float scales happens in SIMD lanes, so matmul outputs agree with the
+//   reference to within a stated tolerance (|err| <= 2e-6 * sum|terms| + 1e-30), not bits.
+//   Per output element the operation sequence does not depend on the token tile, the
+//   number of tokens or the thread split, so GEMV and GEMM rows and any thread count give
+//   bit-identical results on one ISA.
+#pragma once
+
+#include <cstdint>
+
+#include "../kernels.h"
+
+namespace edgepack {
+namespace infer {
+
+// Weight encodings; numbering equals edgepack.format.constants.Encoding.
+enum class WEnc : int32_t { f32 = 0, f16 = 1, bf16 = 2, i8 = 10, i4sym = 20, i4asym = 21 };
+
+// One weight matrix [N, K] exactly as stored in a package (C-contiguous parts):
+//   f32/f16/bf16: codes [N, K] (bf16 as uint16 bits)
+//   i8:     codes int8 [N, K], scales f32 [N]                      w = c * s[n]
+//   i4sym:  codes u8 [N, K/2] (low nibble = even k), scales f16 [N, K/g]
+//                                                                  w = (nib - 8) * d
+//   i4asym: as i4sym plus zeros (mins) f16 [N, K/g]                w = nib * d + m
+struct WeightView {
+    WEnc enc = WEnc::f32;
+    int64_t N = 0, K = 0, group = 0;  // group: int4 group size; K for i8; 0 for floats
+    const void* codes = nullptr;
+    const float* scales_f32 = nullptr;   // i8
+    const uint16_t* scales_f16 = nullptr;  // i4
+    const uint16_t* zeros_f16 = nullptr;   // i4asym
+};
+
+// Where a GEMM writes: y[t, n] = acc (+ bias[n]) (+ residual[t, n]).  residual may alias y.
+struct GemmOut {
+    float* y = nullptr;
+    int64_t ldy = 0;
+    const float* residual = nullptr;
+    int64_t ldr = 0;
+    const float* bias = nullptr;  // [N]
+};
+
+// int8 activations [T, K] with float scales [T, K / group] (group divides K).
+// `prep` is per-token scratch laid out privately by the ISA kernel that asked for it.
+struct ActQ8 {
+    int64_t T = 0, K = 0, group = 0;
+    const int8_t* q = nullptr;  // row stride K
+    const float* s = nullptr;   // row stride K / group
+    uint8_t* prep = nullptr;
+    int64_t prep_stride = 0;  // bytes per token
+};
+
+struct ActF32 {
+    int64_t T = 0, K = 0;
+    const float* x = nullptr;  // row stride K
+    uint8_t* prep = nullptr;
+    int64_t prep_stride = 0;
+};
+
+// Paged KV cache of one layer.  Position p of a sequence lives in physical block
+// table[p / block_size], slot p % block_size; index (block, slot, head) is
+// ((block * block_size + slot) * n_kv_heads + head).
+//   quantized: k int8 [NB, BS, H, D], k_scale f32 [NB, BS, H],
+//              v u8 [NB, BS, H, D/2] (low nibble = even d), v_scale f16|f32 [NB, BS, H, D/32]
+//              k = q * k_scale; v = (nib - 8) * v_scale (group 32 along D)
+//   float:     kf, vf f32 [NB, BS, H, D]
+struct KvCache {
+    int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
+    bool quantized = true;
+    bool v_scale_f16 = true;
+    int8_t* k = nullptr;
+    float* k_scale = nullptr;
+    uint8_t* v = nullptr;
+    void* v_scale = nullptr;
+    float* kf = nullptr;
+    float* vf = nullptr;
+    const int32_t* table = nullptr;  // validated: every entry used is in [0, n_blocks)
+    int64_t table_len = 0;
+
+    int64_t index(int64_t pos, int64_t head) const {
+        const int64_t blk = table[pos / block_size];
+        return (blk * block_size + pos % block_size) * n_kv_heads + head;
+    }
+};
+
+// --- kernel signatures ---------------------------------------------------------------
+// Row kernels.  Result.status == non_finite reports NaN/Inf in the row (col = element);
+// scale_overflow a V scale that does not fit float16.
+using QuantActFn = Result (*)(const float* x, int64_t K, int64_t group, int8_t* q, float* s);
+using RmsNormFn = void (*)(const float* x, const float* w, int64_t K, float eps, float* y);
+using RmsNormQuantFn = Result (*)(const float* x, const float* w, int64_t K, float eps,
+                                  int64_t group, int8_t* q, float* s);
+using SwigluFn = void (*)(const float* g, const float* u, int64_t F, float* y);
+using SwigluQuantFn = Result (*)(const float* g, const float* u, int64_t F, int64_t group,
+                                 int8_t* q, float* s);
+// RoPE on one token: x[h * hstride + i], i < D, NeoX rotate-half, in place.
+using RopeFn = void (*)(float* x, int64_t H, int64_t D, int64_t hstride, const float* cos,
+                        const float* sin);
+// Quantize (or copy) one token's K and V ([H, D] each, row stride kstride / vstride) into
+// the cache at position pos.  Checks everything before writing anything.
+using KvWriteFn = Result (*)(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
+                             const float* v, int64_t vstride);
+// A tile of queries attending to one kv head: query j (j < nq) is token j / per, head
+// j % per of that token's group, at q + (j / per) * qstride + (j % per) * D, writes
+// out + (j / per) * ostride + (j % per) * D, and sees positions [0, L0 + j / per).
+struct AttnTile {
+    const float* q = nullptr;
+    int64_t qstride = 0;
+    float* out = nullptr;
+    int64_t ostride = 0;
+    int64_t nq = 0, per = 1, L0 = 0;
+    float scale = 0.0f;
+};
+// scratch holds nq * (L0 + (nq - 1) / per) + 16 * head_dim floats.
+using AttnHeadsFn = void (*)(const KvCache& kv, int64_t head, const AttnTile& tile, float* scratch);
+
+// int8-activation GEMM.  prep_bytes == 0 means the kernel reads ActQ8.q/s directly.
+using Q8PrepBytesFn = int64_t (*)(const WeightView& w, int64_t act_group);
+using Q8PrepFn = void (*)(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1);
+using Q8GemmFn = void (*)(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1,
+                          const GemmOut& out);
+using F32PrepBytesFn = int64_t (*)(const WeightView& w);
+using F32PrepFn = void (*)(const WeightView& w, const ActF32& x, int64_t t0, int64_t t1);
+using F32GemmFn = void (*)(const WeightView& w, const ActF32& x, int64_t n0, int64_t n1,
+                           const GemmOut& out);
+
+// The dispatch table of inference kernels of one ISA; every entry is filled.  Selected
+// together with the quantization KernelTable of the same name (dispatch.cpp).
+struct InferTable {
+    const char* name;
+    QuantActFn quant_act;
+    RmsNormFn rmsnorm;
+    RmsNormQuantFn rmsnorm_quant;
+    SwigluFn swiglu;
+    SwigluQuantFn swiglu_quant;
+    RopeFn rope;
+    KvWriteFn kv_write;
+    AttnHeadsFn attn_heads;
+    Q8PrepBytesFn q8_prep_bytes;
+    Q8PrepFn q8_prep;
+    Q8GemmFn q8_gemm;
+    F32PrepBytesFn f32_prep_bytes;
+    F32PrepFn f32_prep;
+    F32GemmFn f32_gemm;
+};
+
+const InferTable& scalar_infer_table();
+#if defined(EDGEPACK_HAVE_AVX2)
+const InferTable& avx2_infer_table();
+#endif
+#if defined(EDGEPACK_HAVE_AVX512)
+const InferTable& avx512_infer_table();
+#endif
+#if defined(EDGEPACK_HAVE_NEON)
+const InferTable& neon_infer_table();
+#endif
+
+// Reference matmul entry points, called by ISA kernels for shapes they do not cover.
+namespace ref {
+int64_t q8_prep_bytes(const WeightView& w, int64_t act_group);
+void q8_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1);
+void q8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out);
+int64_t f32_prep_bytes(const WeightView& w);
+void f32_prep(const WeightView& w, const ActF32& x, int64_t t0, int64_t t1);
+void f32_gemm(const WeightView& w, const ActF32& x, int64_t n0, int64_t n1, const GemmOut& out);
+}  // namespace ref
+
+}  // namespace infer
+}  // namespace edgepack

@@ -1,0 +1,460 @@
+// Whole decoder layer in one native call: decoder_layer(lw, x, ctx) -> (x_out | None,
+// reason | None), the contract of edgepack.runtime_shim.kernels (Kernels.decoder_layer),
+// reproducing its composite layer op for op:
+//
+//   attention: RMSNorm (fused with activation quantization when q/k/v share an activation
+//   group) -> q/k/v projections (+bias) -> RoPE (cos/sin rows per token) -> KV write
+//   (quantize on write) + causal attention -> quantize -> o projection + residual;
+//   FFN: RMSNorm (+quantize when gate/up share a group) -> gate, up -> SwiGLU (fused with
+//   the quantization for down) -> down + residual.
+//
+// Int8-activation path (ctx.act_int8): a quantization that meets NaN/Inf or yields a scale
+// above 65504 returns (None, "activation scale overflow (<where>)") and non-finite K/V
+// returns (None, "non-finite K/V"), so the runtime recomputes the layer with float
+// activations; a non-finite output returns (x_out, "non-finite layer output").  On the
+// float path non-finite K/V raise NumericError.  Python attributes are read once per
+// call (a few microseconds), then the whole layer runs without the GIL on the pool, which
+// keeps spinning between the ~12 ops instead of sleeping.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../fp16.h"
+#include "bind_infer.h"
+#include "ops.h"
+
+namespace py = pybind11;
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+constexpr float kActScaleMax = 65504.0f;  // runtime_shim.kernels.ACT_SCALE_MAX
+
+struct Lin {
+    const WeightView* w = nullptr;  // dense weight
+    const WeightView* u = nullptr;  // low rank: y = U (V x)
+    const WeightView* v = nullptr;
+    const float* bias = nullptr;
+    int64_t act_group = 0;
+    bool quantized = false;
+    int64_t N = 0, K = 0;
+};
+
+// An activation as passed between ops: float rows, or int8 codes with group scales.
+struct Act {
+    const float* x = nullptr;
+    const int8_t* q = nullptr;
+    const float* s = nullptr;
+    int64_t group = 0;
+};
+
+struct LayerArgs {
+    Lin q, k, v, o, gate, up, down;
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    int64_t qkv_group = 0, gate_up_group = 0;  // 0: quantize per weight
+    int64_t T = 0, hidden = 0, nh = 0, nkv = 0, hd = 0, ffn = 0, start = 0;
+    float eps = 0.0f;
+    const float* cos = nullptr;
+    const float* sin = nullptr;
+    KvCache kv;
+    bool act = false;
+    const float* x = nullptr;
+    float* out = nullptr;
+};
+
+// Bump allocator over a grow-only per-thread buffer (the layer runs on the caller thread).
+struct Arena {
+    std::vector<uint8_t>& buf;
+    size_t used = 0;
+    explicit Arena(std::vector<uint8_t>& b) : buf(b) {}
+    template <class T>
+    T* get(int64_t n) {
+        const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) & ~size_t{63};
+        if (used + bytes > buf.size()) throw std::length_error("decoder_layer: scratch arena too small");
+        T* p = reinterpret_cast<T*>(buf.data() + used);
+        used += bytes;
+        return p;
+    }
+};
+
+bool overflowed(const Result& r, const float* s, int64_t n) {
+    if (r.status != Status::ok) return true;
+    for (int64_t i = 0; i < n; ++i) {
+        if (s[i] > kActScaleMax) return true;
+    }
+    return false;
+}
+
+// Layer-call state: the arena, and activations quantized once per group per input.
+struct Runner {
+    const LayerArgs& a;
+    Arena& ar;
+
+    struct Cached {
+        const float* src;
+        Act act;
+    };
+    std::vector<Cached> cache;
+
+    // The input a weight takes: x itself, or x quantized with the weight's group (once).
+    bool input_for(const Lin& l, const float* x, int64_t K, Act* out) {
+        if (!(a.act && l.quantized)) {
+            *out = Act{x, nullptr, nullptr, 0};
+            return true;
+        }
+        for (const Cached& c : cache) {
+            if (c.src == x && c.act.group == l.act_group) {
+                *out = c.act;
+                return true;
+            }
+        }
+        const int64_t g = l.act_group;
+        int8_t* q = ar.get<int8_t>(a.T * K);
+        float* s = ar.get<float>(a.T * (K / g));
+        const Result r = quant_act({x, K}, a.T, K, g, q, s);
+        if (overflowed(r, s, a.T * (K / g))) return false;
+        *out = Act{nullptr, q, s, g};
+        cache.push_back({x, *out});
+        return true;
+    }
+
+    const float* as_float(const Act& in, int64_t K) {
+        if (in.x != nullptr) return in.x;
+        float* x = ar.get<float>(a.T * K);  // QuantizedActivations.dequantize(): q * s
+        for (int64_t i = 0; i < a.T * K; ++i) {
+            x[i] = static_cast<float>(in.q[i]) * in.s[(i / K) * (K / in.group) + (i % K) / in.group];
+        }
+        return x;
+    }
+
+    void apply(const Lin& l, const Act& in, float* y, const float* residual) {
+        GemmOut o;
+        o.y = y;
+        o.ldy = l.N;
+        o.residual = residual;
+        o.ldr = l.N;
+        o.bias = l.bias;
+        if (l.u != nullptr) {
+            ActF32 x;
+            x.T = a.T;
+            x.K = l.K;
+            x.x = as_float(in, l.K);
+            lowrank(*l.u, *l.v, x, o);
+        } else if (in.q != nullptr && l.quantized) {
+            ActQ8 x;
+            x.T = a.T;
+            x.K = l.K;
+            x.group = in.group;
+            x.q = in.q;
+            x.s = in.s;
+            matmul_q8(*l.w, x, o);
+        } else {
+            ActF32 x;
+            x.T = a.T;
+            x.K = l.K;
+            x.x = as_float(in, l.K);
+            matmul_f32(*l.w, x, o);
+        }
+    }
+
+    // Returns nullptr on success, else the reason; "!" prefix: raise instead (float path).
+    const char* run() {
+        const int64_t T = a.T, H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd, F = a.ffn;
+        // ---- attention
+        Act ins[3];
+        if (a.act && a.qkv_group > 0) {
+            int8_t* q = ar.get<int8_t>(T * H);
+            float* s = ar.get<float>(T * (H / a.qkv_group));
+            const Result r = rmsnorm_quant({a.x, H}, a.attn_norm, T, H, a.eps, a.qkv_group, q, s);
+            if (overflowed(r, s, T * (H / a.qkv_group))) return "activation scale overflow (attention input)";
+            ins[0] = ins[1] = ins[2] = Act{nullptr, q, s, a.qkv_group};
+        } else {
+            float* h = ar.get<float>(T * H);
+            rmsnorm({a.x, H}, a.attn_norm, T, H, a.eps, h, H);
+            const Lin* l3[3] = {&a.q, &a.k, &a.v};
+            for (int i = 0; i < 3; ++i) {
+                if (!input_for(*l3[i], h, H, &ins[i])) return "activation scale overflow (attention input)";
+            }
+        }
+        float* qb = ar.get<float>(T * QD);
+        float* kb = ar.get<float>(T * KD);
+        float* vb = ar.get<float>(T * KD);
+        apply(a.q, ins[0], qb, nullptr);
+        apply(a.k, ins[1], kb, nullptr);
+        apply(a.v, ins[2], vb, nullptr);
+        rope(qb, T, QD, a.nh, a.hd, a.hd, a.cos, a.sin);
+        rope(kb, T, KD, a.nkv, a.hd, a.hd, a.cos, a.sin);
+        float* att = ar.get<float>(T * QD);
+        AttnArgs at;
+        at.q = qb;
+        at.qts = QD;
+        at.k = kb;
+        at.kts = KD;
+        at.v = vb;
+        at.vts = KD;
+        at.T = T;
+        at.n_heads = a.nh;
+        at.start = a.start;
+        at.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.hd)));
+        at.out = att;
+        if (attention(a.kv, at).status != Status::ok) return a.act ? "non-finite K/V" : "!non-finite K/V";
+        Act ao;
+        cache.clear();
+        if (!input_for(a.o, att, QD, &ao)) return "activation scale overflow (attention output)";
+        float* x1 = ar.get<float>(T * H);
+        apply(a.o, ao, x1, a.x);
+        // ---- FFN
+        cache.clear();
+        Act gi[2];
+        if (a.act && a.gate_up_group > 0) {
+            int8_t* q = ar.get<int8_t>(T * H);
+            float* s = ar.get<float>(T * (H / a.gate_up_group));
+            const Result r = rmsnorm_quant({x1, H}, a.ffn_norm, T, H, a.eps, a.gate_up_group, q, s);
+            if (overflowed(r, s, T * (H / a.gate_up_group))) return "activation scale overflow (FFN input)";
+            gi[0] = gi[1] = Act{nullptr, q, s, a.gate_up_group};
+        } else {
+            float* h = ar.get<float>(T * H);
+            rmsnorm({x1, H}, a.ffn_norm, T, H, a.eps, h, H);
+            if (!input_for(a.gate, h, H, &gi[0]) || !input_for(a.up, h, H, &gi[1])) {
+                return "activation scale overflow (FFN input)";
+            }
+        }
+        float* gb = ar.get<float>(T * F);
+        float* ub = ar.get<float>(T * F);
+        apply(a.gate, gi[0], gb, nullptr);
+        apply(a.up, gi[1], ub, nullptr);
+        Act di;
+        if (a.act && a.down.quantized) {
+            const int64_t g = a.down.act_group;
+            int8_t* q = ar.get<int8_t>(T * F);
+            float* s = ar.get<float>(T * (F / g));
+            const Result r = swiglu_quant({gb, F}, {ub, F}, T, F, g, q, s);
+            if (overflowed(r, s, T * (F / g))) return "activation scale overflow (FFN hidden)";
+            di = Act{nullptr, q, s, g};
+        } else {
+            float* sb = ar.get<float>(T * F);
+            swiglu({gb, F}, {ub, F}, T, F, sb, F);
+            di = Act{sb, nullptr, nullptr, 0};
+        }
+        apply(a.down, di, a.out, x1);
+        for (int64_t i = 0; i < T * H; ++i) {
+            if ((f32_bits(a.out[i]) & 0x7f800000u) == 0x7f800000u) return "non-finite layer output";
+        }
+        return nullptr;
+    }
+};
+
+int64_t arena_bytes(const LayerArgs& a) {
+    const int64_t T = a.T, H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd, F = a.ffn;
+    const int64_t widest = std::max({H, QD, F});
+    // Generous: every buffer run() may take, each rounded up to 64 bytes.
+    const int64_t floats = T * (2 * H + 2 * QD + 2 * KD + 2 * H + 3 * F + 6 * widest) + 64 * 40;
+    const int64_t bytes8 = T * (4 * H + QD + F + 3 * widest) + 64 * 40;
+    const int64_t scales = T * (4 * H + QD + F + 3 * widest) + 64 * 40;  // group >= 1
+    return floats * 4 + bytes8 + scales * 4;
+}
+
+// ---- Python side: read the runtime's objects ------------------------------------------
+
+// Interned attribute names (keyed by the address of the string literal): no string is
+// created or hashed per lookup.
+PyObject* interned(const char* name) {
+    static std::vector<std::pair<const char*, PyObject*>> names;
+    for (const auto& e : names) {
+        if (e.first == name) return e.second;
+    }
+    PyObject* s = PyUnicode_InternFromString(name);
+    if (s == nullptr) throw py::error_already_set();
+    names.emplace_back(name, s);  // kept for the life of the process
+    return s;
+}
+
+py::object get(const py::handle& o, const char* name) {
+    PyObject* v = PyObject_GetAttr(o.ptr(), interned(name));
+    if (v == nullptr) {
+        PyErr_Clear();
+        throw py::type_error(std::string("decoder_layer: ") + py::str(py::type::of(o)).cast<std::string>() +
+                             " has no attribute '" + name + "'");
+    }
+    return py::reinterpret_steal<py::object>(v);
+}
+
+bool is_f32(const py::array& a) {
+    return a.dtype().kind() == 'f' && a.itemsize() == 4 && a.dtype().byteorder() != '>';
+}
+
+[[noreturn]] void bad(const std::string& m) { throw py::value_error("decoder_layer: " + m); }
+
+const float* f32_vec(const py::object& o, int64_t n, const char* what, std::vector<py::object>& keep) {
+    if (!py::isinstance<py::array>(o)) throw py::type_error(std::string("decoder_layer: ") + what + " must be a numpy array");
+    py::array a = py::reinterpret_borrow<py::array>(o);
+    if (!is_f32(a)) throw py::type_error(std::string("decoder_layer: ") + what + " must be float32");
+    if (a.ndim() != 1 || a.shape(0) != n || !(a.flags() & py::array::c_style)) {
+        bad(std::string(what) + " must be a contiguous [" + std::to_string(n) + "] vector");
+    }
+    keep.push_back(a);
+    return static_cast<const float*>(a.data());
+}
+
+const WeightView* weight_of(const py::object& native, const std::string& name) {
+    if (native.is_none()) throw py::type_error("decoder_layer: " + name + " has no native Weight bound (call bind first)");
+    try {
+        return &native.cast<const Weight&>().view;
+    } catch (const py::cast_error&) {
+        throw py::type_error("decoder_layer: " + name + ".native is not a _kernels.Weight");
+    }
+}
+
+Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std::vector<py::object>& keep) {
+    Lin l;
+    const std::string name = what;
+    const py::object factors = get(lin, "factors");
+    if (!factors.is_none()) {
+        py::tuple f = factors.cast<py::tuple>();
+        if (f.size() != 2) bad(name + ".factors must be (U, V)");
+        l.u = weight_of(get(f[0], "native"), name + ".factors[0]");
+        l.v = weight_of(get(f[1], "native"), name + ".factors[1]");
+        if (l.u->N != N || l.v->K != K || l.u->K != l.v->N) bad(name + " low-rank factor shapes do not make [" + std::to_string(N) + ", " + std::to_string(K) + "]");
+        keep.push_back(factors);
+    } else {
+        l.w = weight_of(get(lin, "native"), name);
+        if (l.w->N != N || l.w->K != K) {
+            bad(name + " is [" + std::to_string(l.w->N) + ", " + std::to_string(l.w->K) + "], expected [" + std::to_string(N) + ", " + std::to_string(K) + "]");
+        }
+        keep.push_back(get(lin, "native"));
+    }
+    const py::object b = get(lin, "bias");
+    if (!b.is_none()) l.bias = f32_vec(b, N, (name + ".bias").c_str(), keep);
+    l.quantized = get(lin, "is_quantized").cast<bool>();
+    l.act_group = get(lin, "act_group").cast<int64_t>();
+    if (l.quantized && (l.act_group < 1 || K % l.act_group != 0)) bad(name + ".act_group must divide " + std::to_string(K));
+    if (l.quantized && l.w != nullptr && l.w->enc != WEnc::i8) {
+        const int64_t lo = std::min(l.act_group, l.w->group), hi = std::max(l.act_group, l.w->group);
+        if (hi % lo != 0) bad(name + ".act_group and the weight group must divide one another");
+    }
+    if (l.quantized && l.w != nullptr && (l.w->enc == WEnc::f32 || l.w->enc == WEnc::f16 || l.w->enc == WEnc::bf16)) {
+        bad(name + " is_quantized disagrees with its float encoding");
+    }
+    l.N = N;
+    l.K = K;
+    return l;
+}
+
+int64_t group_attr(const py::object& lw, const char* name, int64_t H) {
+    const py::object g = get(lw, name);
+    if (g.is_none()) return 0;
+    const int64_t v = g.cast<int64_t>();
+    if (v < 1 || H % v != 0) bad(std::string(name) + " must divide the hidden size");
+    return v;
+}
+
+py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::object& ctx) {
+    std::vector<py::object> keep;
+    LayerArgs a;
+    if (!py::isinstance<py::array>(x_in)) throw py::type_error("decoder_layer: x must be a numpy array");
+    py::array x = py::reinterpret_borrow<py::array>(x_in);
+    if (!is_f32(x)) throw py::type_error("decoder_layer: x must be float32");
+    if (x.ndim() != 2 || !(x.flags() & py::array::c_style) || x.shape(0) < 1 || x.shape(1) < 1) {
+        bad("x must be a C-contiguous [T, hidden] array");
+    }
+    a.T = x.shape(0);
+    a.hidden = x.shape(1);
+    a.x = static_cast<const float*>(x.data());
+    a.nh = get(ctx, "num_heads").cast<int64_t>();
+    a.nkv = get(ctx, "num_kv_heads").cast<int64_t>();
+    a.hd = get(ctx, "head_dim").cast<int64_t>();
+    const double eps = get(ctx, "eps").cast<double>();
+    if (a.nh < 1 || a.nkv < 1 || a.nh % a.nkv != 0 || a.hd < 2 || a.hd % 2 != 0) bad("bad head configuration");
+    if (!(eps >= 0.0) || !std::isfinite(eps)) bad("eps must be finite and >= 0");
+    a.eps = static_cast<float>(eps);
+    a.act = get(ctx, "act_int8").cast<bool>();
+    // positions: consecutive from start; n_ctx = start + T
+    py::array pos = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(get(ctx, "positions"));
+    if (!pos || pos.ndim() != 1 || pos.shape(0) != a.T) bad("ctx.positions must be [T] integers");
+    const auto* pp = static_cast<const int64_t*>(pos.data());
+    a.start = pp[0];
+    for (int64_t t = 0; t < a.T; ++t) {
+        if (pp[t] != a.start + t) bad("ctx.positions must be consecutive");
+    }
+    if (a.start < 0) bad("positions must be >= 0");
+    if (get(ctx, "n_ctx").cast<int64_t>() != a.start + a.T) bad("ctx.n_ctx must equal positions[-1] + 1");
+    const int64_t half = a.hd / 2;
+    for (const char* name : {"cos", "sin"}) {
+        py::object o = get(ctx, name);
+        if (!py::isinstance<py::array>(o)) throw py::type_error(std::string("decoder_layer: ctx.") + name + " must be a numpy array");
+        py::array c = py::reinterpret_borrow<py::array>(o);
+        if (!is_f32(c)) throw py::type_error(std::string("decoder_layer: ctx.") + name + " must be float32");
+        if (c.ndim() != 2 || c.shape(0) != a.T || c.shape(1) != half || !(c.flags() & py::array::c_style)) {
+            bad(std::string("ctx.") + name + " must be a contiguous [T, head_dim/2] array");
+        }
+        (name[0] == 'c' ? a.cos : a.sin) = static_cast<const float*>(c.data());
+        keep.push_back(c);
+    }
+    // KV cache (validated by the same code as attention_prefill)
+    const py::object kvo = get(ctx, "kv");
+    const std::string mode = get(kvo, "mode").cast<std::string>();
+    if (mode != "float" && get(kvo, "v_group").cast<int64_t>() != 32) {
+        throw py::type_error("decoder_layer: the native KV cache needs V group 32 (or float mode)");
+    }
+    KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
+                                 get(ctx, "block_table"), a.start + a.T);
+    a.kv = kvh.kv;
+    if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
+    // weights
+    const int64_t H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd;
+    a.attn_norm = f32_vec(get(lw, "attn_norm"), H, "attn_norm", keep);
+    a.ffn_norm = f32_vec(get(lw, "ffn_norm"), H, "ffn_norm", keep);
+    a.q = linear_of(get(lw, "q"), "q", QD, H, keep);
+    a.k = linear_of(get(lw, "k"), "k", KD, H, keep);
+    a.v = linear_of(get(lw, "v"), "v", KD, H, keep);
+    a.o = linear_of(get(lw, "o"), "o", H, QD, keep);
+    const py::object gate = get(lw, "gate");
+    const int64_t F = get(gate, "rows").cast<int64_t>();
+    if (F < 1) bad("gate.rows must be >= 1");
+    a.ffn = F;
+    a.gate = linear_of(gate, "gate", F, H, keep);
+    a.up = linear_of(get(lw, "up"), "up", F, H, keep);
+    a.down = linear_of(get(lw, "down"), "down", H, F, keep);
+    a.qkv_group = group_attr(lw, "qkv_group", H);
+    a.gate_up_group = group_attr(lw, "gate_up_group", H);
+    if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");
+    if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
+
+    py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
+    a.out = static_cast<float*>(out.mutable_data());
+    const char* reason = nullptr;
+    {
+        py::gil_scoped_release nogil;
+        thread_local std::vector<uint8_t> buf;
+        const size_t need = static_cast<size_t>(arena_bytes(a));
+        if (buf.size() < need) buf.resize(need);
+        Arena ar(buf);
+        Runner r{a, ar, {}};
+        reason = r.run();
+    }
+    if (reason == nullptr) return py::make_tuple(out, py::none());
+    if (reason[0] == '!') {
+        PyErr_SetString(PyExc_FloatingPointError, (std::string("decoder_layer: ") + (reason + 1)).c_str());
+        throw py::error_already_set();
+    }
+    if (std::strcmp(reason, "non-finite layer output") == 0) return py::make_tuple(out, reason);
+    return py::make_tuple(py::none(), reason);
+}
+
+}  // namespace
+
+void bind_layer(py::module_& m) {
+    m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
+          "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
+          "returns (x_out | None, fallback_reason | None).");
+}
+
+}  // namespace infer
+}  // namespace edgepack

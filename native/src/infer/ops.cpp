@@ -1,0 +1,331 @@
+// Drivers: split each op into tasks with fixed index ranges (so the result never depends
+// on the thread count), run them on the persistent pool, and own all scratch memory.
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "../dispatch.h"
+#include "../threadpool.h"
+#include "generic.h"
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 15;  // elements (or MACs / 8) below which one thread runs
+
+ThreadPool& pool() { return ThreadPool::instance(); }
+
+// Grow-only 64-byte-aligned per-thread buffers; slot separates nested users.
+uint8_t* scratch(int slot, int64_t bytes) {
+    struct Buf {
+        uint8_t* p = nullptr;
+        int64_t n = 0;
+        ~Buf() { std::free(p); }
+    };
+    thread_local Buf bufs[4];
+    Buf& b = bufs[slot];
+    if (b.n < bytes) {
+        std::free(b.p);
+        const int64_t n = (std::max<int64_t>(bytes, 4096) + 63) & ~int64_t{63};
+        b.p = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(n)));
+        if (b.p == nullptr) {
+            b.n = 0;
+            throw std::bad_alloc();
+        }
+        b.n = n;
+    }
+    return b.p;
+}
+
+// Run row kernel fn(t) -> Result over T rows; returns the first failure in row order.
+template <class Fn>
+Result rows_parallel(int64_t T, int64_t work_per_row, Fn fn) {
+    if (T * work_per_row < kParallelMin || T == 1) {
+        for (int64_t t = 0; t < T; ++t) {
+            Result r = fn(t);
+            if (r.status != Status::ok) {
+                r.row = t;
+                return r;
+            }
+        }
+        return {};
+    }
+    std::vector<Result> first(static_cast<size_t>(T));
+    const int64_t grain = std::max<int64_t>(1, kParallelMin / 4 / std::max<int64_t>(1, work_per_row));
+    pool().parallel_for(T, grain, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) first[static_cast<size_t>(t)] = fn(t);
+    });
+    for (int64_t t = 0; t < T; ++t) {
+        if (first[static_cast<size_t>(t)].status != Status::ok) {
+            Result r = first[static_cast<size_t>(t)];
+            r.row = t;
+            return r;
+        }
+    }
+    return {};
+}
+
+}  // namespace
+
+const InferTable& active() { return active_infer_table(); }
+
+Result quant_act(Rows x, int64_t T, int64_t K, int64_t group, int8_t* q, float* s) {
+    const InferTable& tb = active();
+    return rows_parallel(T, K, [&](int64_t t) {
+        return tb.quant_act(x.p + t * x.ld, K, group, q + t * K, s + t * (K / group));
+    });
+}
+
+void rmsnorm(Rows x, const float* w, int64_t T, int64_t K, float eps, float* y, int64_t ldy) {
+    const InferTable& tb = active();
+    rows_parallel(T, K, [&](int64_t t) {
+        tb.rmsnorm(x.p + t * x.ld, w, K, eps, y + t * ldy);
+        return Result{};
+    });
+}
+
+Result rmsnorm_quant(Rows x, const float* w, int64_t T, int64_t K, float eps, int64_t group,
+                     int8_t* q, float* s) {
+    const InferTable& tb = active();
+    return rows_parallel(T, K, [&](int64_t t) {
+        return tb.rmsnorm_quant(x.p + t * x.ld, w, K, eps, group, q + t * K, s + t * (K / group));
+    });
+}
+
+void swiglu(Rows g, Rows u, int64_t T, int64_t F, float* y, int64_t ldy) {
+    const InferTable& tb = active();
+    rows_parallel(T, 8 * F, [&](int64_t t) {
+        tb.swiglu(g.p + t * g.ld, u.p + t * u.ld, F, y + t * ldy);
+        return Result{};
+    });
+}
+
+Result swiglu_quant(Rows g, Rows u, int64_t T, int64_t F, int64_t group, int8_t* q, float* s) {
+    const InferTable& tb = active();
+    return rows_parallel(T, 8 * F, [&](int64_t t) {
+        return tb.swiglu_quant(g.p + t * g.ld, u.p + t * u.ld, F, group, q + t * F,
+                               s + t * (F / group));
+    });
+}
+
+void rope(float* x, int64_t T, int64_t tstride, int64_t H, int64_t hstride, int64_t D,
+          const float* cos, const float* sin) {
+    const InferTable& tb = active();
+    const int64_t half = D / 2;
+    rows_parallel(T, H * D, [&](int64_t t) {
+        tb.rope(x + t * tstride, H, D, hstride, cos + t * half, sin + t * half);
+        return Result{};
+    });
+}
+
+void rope_table(const int64_t* pos, int64_t n, const float* inv_freq, int64_t half, float* cos,
+                float* sin) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float p = static_cast<float>(pos[i]);
+        for (int64_t j = 0; j < half; ++j) {
+            const double a = static_cast<double>(p * inv_freq[j]);
+            cos[i * half + j] = static_cast<float>(std::cos(a));
+            sin[i * half + j] = static_cast<float>(std::sin(a));
+        }
+    }
+}
+
+void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
+    const InferTable& tb = active();
+    ActQ8 x = xin;
+    const int64_t pb = tb.q8_prep_bytes(w, x.group);
+    if (pb > 0) {
+        x.prep = scratch(0, x.T * pb);
+        x.prep_stride = pb;
+        if (x.T * x.K < kParallelMin) {
+            tb.q8_prep(w, x, 0, x.T);
+        } else {
+            pool().parallel_for(x.T, 4, [&](int64_t t0, int64_t t1) { tb.q8_prep(w, x, t0, t1); });
+        }
+    }
+    if (w.N * w.K * x.T < 8 * kParallelMin) {
+        tb.q8_gemm(w, x, 0, w.N, out);
+        return;
+    }
+    pool().parallel_for(w.N, 16, [&](int64_t n0, int64_t n1) { tb.q8_gemm(w, x, n0, n1, out); }, 2);
+}
+
+void matmul_f32(const WeightView& w, const ActF32& xin, const GemmOut& out) {
+    const InferTable& tb = active();
+    ActF32 x = xin;
+    const int64_t pb = tb.f32_prep_bytes(w);
+    if (pb > 0) {
+        x.prep = scratch(1, x.T * pb);
+        x.prep_stride = pb;
+        tb.f32_prep(w, x, 0, x.T);
+    }
+    if (w.N * w.K * x.T < 8 * kParallelMin) {
+        tb.f32_gemm(w, x, 0, w.N, out);
+        return;
+    }
+    pool().parallel_for(w.N, 16, [&](int64_t n0, int64_t n1) { tb.f32_gemm(w, x, n0, n1, out); }, 2);
+}
+
+void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const GemmOut& out) {
+    const int64_t r = v.N;
+    auto* h = reinterpret_cast<float*>(scratch(2, x.T * r * static_cast<int64_t>(sizeof(float))));
+    GemmOut mid;
+    mid.y = h;
+    mid.ldy = r;
+    matmul_f32(v, x, mid);
+    ActF32 hx;
+    hx.T = x.T;
+    hx.K = r;
+    hx.x = h;
+    matmul_f32(u, hx, out);
+}
+
+Result kv_append(const KvCache& kv, const AttnArgs& a) {
+    const InferTable& tb = active();
+    const int64_t H = kv.n_kv_heads, D = kv.head_dim;
+    // All-or-nothing: check every token before the first write (kv_write re-checks its own).
+    for (int64_t t = 0; t < a.T; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+            const float* kr = a.k + t * a.kts + h * D;
+            const float* vr = a.v + t * a.vts + h * D;
+            if (VS::max_abs_bits(kr, D) >= kNonFinite) return {Status::non_finite, t, h};
+            if (VS::max_abs_bits(vr, D) >= kNonFinite) return {Status::non_finite, t, H + h};
+        }
+    }
+    if (kv.quantized && kv.v_scale_f16) {
+        for (int64_t t = 0; t < a.T; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                for (int64_t g = 0; g < D / 32; ++g) {
+                    const float* vg = a.v + t * a.vts + h * D + g * 32;
+                    uint32_t m = 0;
+                    float peak = 0.0f;
+                    for (int i = 0; i < 32; ++i) {
+                        const uint32_t b = f32_bits(vg[i]) & 0x7fffffffu;
+                        if (b > m) {
+                            m = b;
+                            peak = vg[i];
+                        }
+                    }
+                    if (f16_is_inf(f32_to_f16(peak / -8.0f))) return {Status::scale_overflow, t, g};
+                }
+            }
+        }
+    }
+    rows_parallel(a.T, 4 * H * D, [&](int64_t t) {
+        return tb.kv_write(kv, a.start + t, a.k + t * a.kts, D, a.v + t * a.vts, D);
+    });
+    return {};
+}
+
+void attend(const KvCache& kv, const AttnArgs& a) {
+    const InferTable& tb = active();
+    const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
+    // Decode: one task per query head (balances 2 threads over few heads).  Prefill: one
+    // task per (kv head, tile of kTile tokens) with all of its query heads, so each K/V
+    // row is converted once per tile.  Every query's arithmetic is the same either way.
+    constexpr int64_t kTile = 8;
+    const bool decode = a.T == 1;
+    const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
+    const int64_t tasks = decode ? Hq : Hkv * tiles;
+    const int64_t work = Hq * a.T * (a.start + a.T) * D;
+    const int64_t chunks = (work < kParallelMin || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
+    const int64_t Lmax = a.start + a.T;
+    const int64_t per_chunk = (decode ? 1 : rep * kTile) * Lmax + 16 * D + 16;
+    auto* sc = reinterpret_cast<float*>(scratch(3, chunks * per_chunk * static_cast<int64_t>(sizeof(float))));
+    pool().parallel_chunks(tasks, chunks, [&](int64_t c, int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            AttnTile t;
+            t.scale = a.scale;
+            if (decode) {
+                t.q = a.q + i * D;
+                t.out = a.out + i * D;
+                t.nq = 1;
+                t.L0 = a.start + 1;
+                tb.attn_heads(kv, i / rep, t, sc + c * per_chunk);
+                continue;
+            }
+            // Tiles run from the last (longest) to the first so the heaviest go out first.
+            const int64_t g = i % Hkv, tile = tiles - 1 - i / Hkv;
+            const int64_t t0 = tile * kTile, nt = std::min(kTile, a.T - t0);
+            t.q = a.q + t0 * a.qts + g * rep * D;
+            t.qstride = a.qts;
+            t.out = a.out + (t0 * Hq + g * rep) * D;
+            t.ostride = Hq * D;
+            t.nq = nt * rep;
+            t.per = rep;
+            t.L0 = a.start + t0 + 1;
+            tb.attn_heads(kv, g, t, sc + c * per_chunk);
+        }
+    });
+}
+
+Result attention(const KvCache& kv, const AttnArgs& a) {
+    const Result r = kv_append(kv, a);
+    if (r.status != Status::ok) return r;
+    attend(kv, a);
+    return {};
+}
+
+uint64_t read_probe(const uint8_t* p, int64_t n) {
+    const int64_t words = n / 8;
+    const int64_t chunks = pool().chunk_count(words, 1 << 16, 1);
+    std::vector<uint64_t> part(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0);
+    pool().parallel_chunks(words, chunks, [&](int64_t c, int64_t i0, int64_t i1) {
+        uint64_t a[8] = {};
+        int64_t i = i0;
+        for (; i + 8 <= i1; i += 8) {
+            for (int j = 0; j < 8; ++j) {
+                uint64_t v;
+                std::memcpy(&v, p + 8 * (i + j), 8);
+                a[j] += v;
+            }
+        }
+        for (; i < i1; ++i) {
+            uint64_t v;
+            std::memcpy(&v, p + 8 * i, 8);
+            a[0] += v;
+        }
+        part[static_cast<size_t>(c)] = a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+    });
+    uint64_t r = 0;
+    for (uint64_t v : part) r ^= v;
+    return r;
+}
+
+void kv_read(const KvCache& kv, int64_t L, float* k, float* v) {
+    const int64_t H = kv.n_kv_heads, D = kv.head_dim, G = D / 32;
+    for (int64_t p = 0; p < L; ++p) {
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t idx = kv.index(p, h);
+            float* ko = k + (p * H + h) * D;
+            float* vo = v + (p * H + h) * D;
+            if (!kv.quantized) {
+                std::copy(kv.kf + idx * D, kv.kf + (idx + 1) * D, ko);
+                std::copy(kv.vf + idx * D, kv.vf + (idx + 1) * D, vo);
+                continue;
+            }
+            for (int64_t i = 0; i < D; ++i) ko[i] = static_cast<float>(kv.k[idx * D + i]) * kv.k_scale[idx];
+            const uint8_t* vq = kv.v + idx * (D / 2);
+            for (int64_t g = 0; g < G; ++g) {
+                const float d = kv.v_scale_f16
+                                    ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
+                                    : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                for (int i = 0; i < 16; ++i) {
+                    const uint8_t b = vq[g * 16 + i];
+                    vo[g * 32 + 2 * i] = static_cast<float>((b & 0x0f) - 8) * d;
+                    vo[g * 32 + 2 * i + 1] = static_cast<float>((b >> 4) - 8) * d;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace infer
+}  // namespace edgepack

@@ -1,0 +1,65 @@
+// Multi-threaded drivers of the inference kernels: the C++ API behind the Python bindings
+// and the whole-layer entry point.  Arguments are already validated; call without the GIL.
+// Numeric failures come back as a Result (row = token / head, col = element / group).
+#pragma once
+
+#include <cstdint>
+
+#include "infer.h"
+
+namespace edgepack {
+namespace infer {
+
+const InferTable& active();
+
+// Row-strided float matrix view [rows, cols] (inner stride 1).
+struct Rows {
+    const float* p = nullptr;
+    int64_t ld = 0;
+};
+
+Result quant_act(Rows x, int64_t T, int64_t K, int64_t group, int8_t* q, float* s);
+void rmsnorm(Rows x, const float* w, int64_t T, int64_t K, float eps, float* y, int64_t ldy);
+Result rmsnorm_quant(Rows x, const float* w, int64_t T, int64_t K, float eps, int64_t group,
+                     int8_t* q, float* s);
+void swiglu(Rows g, Rows u, int64_t T, int64_t F, float* y, int64_t ldy);
+Result swiglu_quant(Rows g, Rows u, int64_t T, int64_t F, int64_t group, int8_t* q, float* s);
+
+// x[t * tstride + h * hstride + i]; cos/sin [T, D/2] (row t for token t).
+void rope(float* x, int64_t T, int64_t tstride, int64_t H, int64_t hstride, int64_t D,
+          const float* cos, const float* sin);
+// cos/sin [n, D/2] of angle float32(pos[i]) * inv_freq[j] (cos/sin evaluated in double).
+void rope_table(const int64_t* pos, int64_t n, const float* inv_freq, int64_t half, float* cos,
+                float* sin);
+
+void matmul_q8(const WeightView& w, const ActQ8& x, const GemmOut& out);
+void matmul_f32(const WeightView& w, const ActF32& x, const GemmOut& out);
+// y = U (V x): V [r, K], U [N, r]; the [T, r] intermediate stays internal.
+void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const GemmOut& out);
+
+// Write T tokens (k/v [T, Hkv, D] with token strides) at positions start.. start+T-1 and
+// attend causally: query t sees positions [0, start + t].  q [T, Hq, D] (token stride
+// qts), out [T, Hq, D] contiguous.  Nothing is written when a value is non-finite.
+struct AttnArgs {
+    const float* q = nullptr;
+    int64_t qts = 0;
+    const float* k = nullptr;
+    int64_t kts = 0;
+    const float* v = nullptr;
+    int64_t vts = 0;
+    int64_t T = 0, n_heads = 0, start = 0;
+    float scale = 0.0f;
+    float* out = nullptr;
+};
+Result kv_append(const KvCache& kv, const AttnArgs& a);
+void attend(const KvCache& kv, const AttnArgs& a);  // after kv_append
+Result attention(const KvCache& kv, const AttnArgs& a);
+
+// Reads n bytes with the pool (memory-bandwidth probe for benchmarks); returns a checksum.
+uint64_t read_probe(const uint8_t* p, int64_t n);
+
+// Positions [0, L) of the cache as float [L, Hkv, D] each (for tests and references).
+void kv_read(const KvCache& kv, int64_t L, float* k, float* v);
+
+}  // namespace infer
+}  // namespace edgepack

@@ -1,0 +1,174 @@
+"""The Llama-family model config the runtime needs, read from ``header.identity.config``.
+
+Keys are the packager's canonical ones (``edgepack.packager.importers.config``). RoPE
+follows Hugging Face exactly (float32 ``inv_freq``, rotate-half layout): plain, ``linear``
+and ``llama3`` scaling, and llama.cpp's per-frequency divisors (a ``rope_freqs.weight``
+tensor) when a package carries one. Anything else is refused at open time with
+:class:`~edgepack.format.errors.IncompatiblePackageError`, never silently approximated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgepack.format.compat import CompatibilityProblem, CompatibilityVerdict
+from edgepack.format.errors import CorruptPackageError, IncompatiblePackageError
+
+__all__ = ["SUPPORTED_ROPE_TYPES", "LlamaConfig", "RopeTable"]
+
+SUPPORTED_ROPE_TYPES = frozenset({"linear", "llama3"})
+_UPDATE = "update the app to a newer edgepack runtime, or fetch a package built for this one"
+
+
+def _incompatible(code: str, message: str) -> IncompatiblePackageError:
+    verdict = CompatibilityVerdict((CompatibilityProblem(code, message, _UPDATE),))
+    return IncompatiblePackageError(verdict.summary(), verdict)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Mapping[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
+        """Validate a canonical config; missing or nonsensical values are corruption."""
+
+        def need_int(key: str, default: int | None = None) -> int:
+            value = cfg.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise CorruptPackageError(
+                    f"model config: {key} must be a positive int, got {value!r}"
+                )
+            return value
+
+        hidden = need_int("hidden_size")
+        heads = need_int("num_attention_heads")
+        kv = need_int("num_key_value_heads", heads)
+        head_dim = need_int("head_dim", hidden // heads if hidden % heads == 0 else None)
+        if heads % kv:
+            raise CorruptPackageError(f"model config: {heads} heads not divisible by {kv} KV heads")
+        if head_dim % 2:
+            raise CorruptPackageError(f"model config: head_dim {head_dim} is odd")
+        scaling = cfg.get("rope_scaling")
+        if scaling is not None:
+            if not isinstance(scaling, Mapping):
+                raise CorruptPackageError(f"model config: rope_scaling {scaling!r} is not a map")
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind in (None, "default", "none"):
+                scaling = None
+            elif kind not in SUPPORTED_ROPE_TYPES:
+                raise _incompatible(
+                    "rope_scaling", f"RoPE scaling {kind!r} is not implemented by this runtime"
+                )
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        bos = cfg.get("bos_token_id")
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=need_int("intermediate_size"),
+            num_layers=need_int("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            vocab_size=need_int("vocab_size"),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position_embeddings=need_int("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            bos_token_id=bos if isinstance(bos, int) else None,
+            eos_token_ids=tuple(int(e) for e in eos_ids if isinstance(e, int)),
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def inv_freq(self, freq_factors: np.ndarray | None = None) -> np.ndarray:
+        """float32 ``[head_dim/2]`` rotary frequencies, computed as transformers does."""
+        dim = self.head_dim
+        exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+        inv = (np.float32(1.0) / np.power(np.float32(self.rope_theta), exponents)).astype(
+            np.float32
+        )
+        scaling = self.rope_scaling
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            factor = float(scaling.get("factor", 1.0))
+            if kind == "llama3":
+                inv = _llama3_inv_freq(inv, scaling, factor)
+            elif kind == "linear":
+                inv = (inv / np.float32(factor)).astype(np.float32)
+        if freq_factors is not None:
+            factors = np.asarray(freq_factors, np.float32).reshape(-1)
+            if factors.shape != inv.shape:
+                raise CorruptPackageError(
+                    f"rope_freqs.weight has {factors.size} entries, head_dim/2 is {inv.size}"
+                )
+            inv = (inv / factors).astype(np.float32)
+        return inv
+
+
+def _llama3_inv_freq(inv: np.ndarray, scaling: Mapping[str, Any], factor: float) -> np.ndarray:
+    """transformers' ``_compute_llama3_parameters`` (float32 like torch)."""
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old = float(scaling.get("original_max_position_embeddings", 8192))
+    low_wavelen = old / low
+    high_wavelen = old / high
+    f32 = np.float32
+    wavelen = (f32(2 * math.pi) / inv).astype(np.float32)
+    scaled = np.where(wavelen > f32(low_wavelen), inv / f32(factor), inv).astype(np.float32)
+    smooth = ((f32(old) / wavelen - f32(low)) / f32(high - low)).astype(np.float32)
+    smoothed = ((f32(1) - smooth) * scaled / f32(factor) + smooth * scaled).astype(np.float32)
+    medium = ~(wavelen < f32(high_wavelen)) & ~(wavelen > f32(low_wavelen))
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+class RopeTable:
+    """cos/sin ``[positions, head_dim/2]`` (float32), grown on demand in 256-row steps."""
+
+    def __init__(self, inv_freq: np.ndarray) -> None:
+        self.inv_freq = np.ascontiguousarray(inv_freq, np.float32)
+        self._cos = np.empty((0, self.inv_freq.size), np.float32)
+        self._sin = self._cos
+
+    def _grow(self, n: int) -> None:
+        n = (n + 255) // 256 * 256
+        pos = np.arange(n, dtype=np.float32)
+        freqs = (pos[:, None] * self.inv_freq[None, :]).astype(np.float32)
+        self._cos = np.cos(freqs).astype(np.float32)
+        self._sin = np.sin(freqs).astype(np.float32)
+
+    def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        top = int(positions.max()) + 1 if positions.size else 0
+        if top > self._cos.shape[0]:
+            self._grow(top)
+        if positions.size and int(positions[-1]) - int(positions[0]) == positions.size - 1:
+            p0 = int(positions[0])
+            return self._cos[p0 : p0 + positions.size], self._sin[p0 : p0 + positions.size]
+        return self._cos[positions], self._sin[positions]

@@ -1,0 +1,380 @@
+"""Paged KV cache: fixed-size blocks, prefix sharing with copy-on-write, LRU eviction.
+
+One :class:`KVPool` per model holds every block for every layer (a block id names the
+same ``block_size`` token slots in all layers, as in vLLM). Storage modes:
+
+``"int8"`` (default)
+    K int8 with one float32 scale per token and KV head (``d = absmax/127``,
+    ``q = clip(rint(k/d), -127, 127)``); V int4 symmetric in groups of ``v_group``
+    along ``head_dim``, float32 scale per group (``d = m/-8`` with ``m`` the element of
+    largest magnitude, nibble ``clip(rint(v/d), -8, 7) + 8``, element ``2i`` in the low
+    nibble of byte ``i``), i.e. the weight codec of spec section 5 with float32 scales.
+    Quantized on write, dequantized on read.
+``"float"``
+    float32 K and V: the reference.
+
+Arrays per layer (``NB`` blocks, ``BS`` tokens per block, ``H`` KV heads, ``D`` head_dim)::
+
+    int8:  k_codes int8 [NB, BS, H, D]   k_scales f32 [NB, BS, H]
+           v_codes uint8 [NB, BS, H, D/2] v_scales f32 [NB, BS, H, D/v_group]
+    float: k f32 [NB, BS, H, D]          v f32 [NB, BS, H, D]
+
+A :class:`Sequence` is a block table plus the token ids it holds. Full blocks are
+content-addressed by a hash chain over the token ids before and in them; when a
+sequence fills a block it is registered in the pool's prefix cache so another sequence
+starting with the same tokens attaches it instead of recomputing (refcounts). A block
+that is shared (refcount > 1) or registered is never written: the writer copies it first
+(copy-on-write). Unreferenced registered blocks stay cached, oldest-used evicted first
+when a new block is needed; when every block is referenced, :class:`KVCacheFullError`.
+
+Memory: the pool is an anonymous mapping (pages are committed by the OS on first write),
+so the budget bounds memory without costing it up front.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import KVCacheFullError
+
+__all__ = ["KVCacheConfig", "KVPool", "KVStats", "LayerKV", "Sequence", "block_hash"]
+
+KV_MODES = ("int8", "float")
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    mode: str = "int8"
+    block_size: int = 16
+    budget_bytes: int = 128 * 1024 * 1024
+    v_group: int = 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in KV_MODES:
+            raise ValueError(f"kv mode must be one of {KV_MODES}, got {self.mode!r}")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.v_group < 2 or self.v_group % 2:
+            raise ValueError("v_group must be even and >= 2")
+
+
+@dataclass
+class KVStats:
+    prefix_hit_tokens: int = 0
+    cow_copies: int = 0
+    evictions: int = 0
+    allocated: int = 0
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's slice of the pool (views). ``k_scales``/``v_scales`` are None in float mode."""
+
+    mode: str
+    block_size: int
+    v_group: int
+    k: np.ndarray
+    v: np.ndarray
+    k_scales: np.ndarray | None
+    v_scales: np.ndarray | None
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """Zeroed memory committed page by page on first write. (``np.zeros`` asks for
+    transparent huge pages: one touched byte per layer would commit 2 MiB.)"""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buf = mmap.mmap(-1, max(size, 1))
+    return np.frombuffer(buf, dtype, int(np.prod(shape))).reshape(shape)
+
+
+def block_hash(parent: bytes, tokens: np.ndarray | list[int]) -> bytes:
+    """Chain hash of a full block: the parent block's hash and this block's token ids."""
+    data = np.asarray(tokens, dtype="<i4").tobytes()
+    return hashlib.blake2b(parent + data, digest_size=16).digest()
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        config: KVCacheConfig | None = None,
+        *,
+        salt: bytes = b"",
+    ) -> None:
+        cfg = config or KVCacheConfig()
+        v_group = cfg.v_group if head_dim % cfg.v_group == 0 else head_dim
+        if head_dim % 2:
+            raise ValueError("head_dim must be even")
+        self.config = cfg
+        self.mode = cfg.mode
+        self.block_size = bs = cfg.block_size
+        self.v_group = v_group
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.root = hashlib.blake2b(salt + cfg.mode.encode(), digest_size=16).digest()
+        per_token_layer = self._bytes_per_token_layer(num_kv_heads, head_dim, v_group)
+        self.bytes_per_block = per_token_layer * bs * num_layers
+        self.num_blocks = cfg.budget_bytes // self.bytes_per_block
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"KV budget {cfg.budget_bytes} B is below one block ({self.bytes_per_block} B)"
+            )
+        nb, h, d = self.num_blocks, num_kv_heads, head_dim
+        shape = (num_layers, nb, bs, h, d)
+        if cfg.mode == "int8":
+            self._k = _lazy_zeros(shape, np.int8)
+            self._ks = _lazy_zeros(shape[:-1], np.float32)
+            self._v = _lazy_zeros((*shape[:-1], d // 2), np.uint8)
+            self._vs = _lazy_zeros((*shape[:-1], d // v_group), np.float32)
+        else:
+            self._k = _lazy_zeros(shape, np.float32)
+            self._v = _lazy_zeros(shape, np.float32)
+            self._ks = self._vs = None
+        self.refcount = np.zeros(nb, np.int32)
+        self._free = list(range(nb - 1, -1, -1))  # pop() hands out low ids first
+        self._cache: dict[bytes, int] = {}  # chain hash -> block
+        self._hash_of: dict[int, bytes] = {}  # registered block -> its hash
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced registered blocks
+        self.stats = KVStats()
+
+    def _bytes_per_token_layer(self, h: int, d: int, v_group: int) -> int:
+        if self.mode == "float":
+            return 2 * h * d * 4
+        return h * d + h * 4 + h * d // 2 + h * (d // v_group) * 4
+
+    # -- views ---------------------------------------------------------------------
+    def layer(self, i: int) -> LayerKV:
+        return LayerKV(
+            self.mode,
+            self.block_size,
+            self.v_group,
+            self._k[i],
+            self._v[i],
+            None if self._ks is None else self._ks[i],
+            None if self._vs is None else self._vs[i],
+        )
+
+    # -- accounting ----------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        return int(np.count_nonzero(self.refcount))
+
+    @property
+    def cached_blocks(self) -> int:
+        """Unreferenced blocks kept for prefix reuse (evictable)."""
+        return len(self._lru)
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def is_shared(self, block: int) -> bool:
+        """True when writing ``block`` in place would change what someone else sees."""
+        return self.refcount[block] > 1 or block in self._hash_of
+
+    # -- block lifecycle ---------------------------------------------------------------
+    def allocate(self) -> int:
+        if self._free:
+            b = self._free.pop()
+        elif self._lru:
+            b, _ = self._lru.popitem(last=False)  # least recently used
+            del self._cache[self._hash_of.pop(b)]
+            self.stats.evictions += 1
+        else:
+            raise KVCacheFullError(
+                f"KV cache full: all {self.num_blocks} blocks ({self.capacity_tokens} tokens, "
+                f"{self.num_blocks * self.bytes_per_block:,} B) are held by live sequences; "
+                "raise kv_budget_bytes or close sessions"
+            )
+        self.refcount[b] = 1
+        self.stats.allocated += 1
+        return b
+
+    def retain(self, block: int) -> None:
+        if self.refcount[block] == 0:
+            self._lru.pop(block, None)
+        self.refcount[block] += 1
+
+    def release(self, block: int) -> None:
+        if self.refcount[block] <= 0:
+            raise RuntimeError(f"KV block {block} released more often than retained")
+        self.refcount[block] -= 1
+        if self.refcount[block] == 0:
+            if block in self._hash_of:
+                self._lru[block] = None  # most recently used end
+            else:
+                self._free.append(block)
+
+    def copy_block(self, src: int) -> int:
+        """A private copy of ``src`` (all layers); the caller then releases ``src``."""
+        dst = self.allocate()
+        for arr in (self._k, self._v, self._ks, self._vs):
+            if arr is not None:
+                arr[:, dst] = arr[:, src]
+        self.stats.cow_copies += 1
+        return dst
+
+    # -- prefix cache --------------------------------------------------------------------
+    def lookup(self, h: bytes) -> int | None:
+        """The cached block for chain hash ``h``, retained for the caller, or None."""
+        b = self._cache.get(h)
+        if b is None:
+            return None
+        self.retain(b)
+        return b
+
+    def register(self, block: int, h: bytes) -> bool:
+        """Publish a full block under its chain hash (first writer wins)."""
+        if h in self._cache or block in self._hash_of:
+            return False
+        self._cache[h] = block
+        self._hash_of[block] = h
+        return True
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix; unreferenced cached blocks become free."""
+        for b in list(self._lru):
+            self._free.append(b)
+        self._lru.clear()
+        self._cache.clear()
+        self._hash_of.clear()
+
+    def sequence(self) -> Sequence:
+        return Sequence(self)
+
+
+class Sequence:
+    """A block table and the token ids whose K/V it holds (positions ``0..length-1``)."""
+
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        self.blocks: list[int] = []
+        self.tokens: list[int] = []
+        self.hashes: list[bytes] = []  # chain hash of each full block, in order
+        self._pending: list[int] = []  # tokens reserved by prepare(), not yet committed
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def block_table(self, n_tokens: int | None = None) -> np.ndarray:
+        n = self.length if n_tokens is None else n_tokens
+        nb = -(-n // self.pool.block_size)
+        return np.asarray(self.blocks[:nb], np.int32)
+
+    # -- writing ---------------------------------------------------------------------
+    def prepare(self, tokens: list[int]) -> np.ndarray:
+        """Make the slots for ``tokens`` (appended after ``length``) writable; return them
+        as flat indices ``block * block_size + offset``. Call :meth:`commit` after the
+        forward pass wrote their K/V."""
+        pool, bs = self.pool, self.pool.block_size
+        start, n = self.length, len(tokens)
+        first, last = start // bs, (start + n - 1) // bs
+        if n == 0:
+            return np.zeros(0, np.int64)
+        # the partially filled block we append into must be private (copy-on-write)
+        if first < len(self.blocks) and pool.is_shared(self.blocks[first]):
+            old = self.blocks[first]
+            self.blocks[first] = pool.copy_block(old)
+            pool.release(old)
+        # later blocks are written from their first slot: a fresh block will do
+        for idx in range(first, last + 1):
+            if idx >= len(self.blocks):
+                self.blocks.append(pool.allocate())
+            elif idx > first and pool.is_shared(self.blocks[idx]):
+                old = self.blocks[idx]
+                self.blocks[idx] = pool.allocate()
+                pool.release(old)
+        self._pending = list(tokens)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(self.blocks, np.int64)
+        return table[pos // bs] * bs + pos % bs
+
+    def commit(self) -> None:
+        """The pending tokens' K/V are written: advance and publish newly full blocks."""
+        bs = self.pool.block_size
+        self.tokens.extend(self._pending)
+        self._pending = []
+        while len(self.hashes) < self.length // bs:
+            k = len(self.hashes)
+            parent = self.hashes[-1] if self.hashes else self.pool.root
+            h = block_hash(parent, self.tokens[k * bs : (k + 1) * bs])
+            self.hashes.append(h)
+            self.pool.register(self.blocks[k], h)
+
+    # -- sharing ---------------------------------------------------------------------
+    def attach_prefix(self, tokens: list[int], limit: int | None = None) -> int:
+        """Attach cached full blocks continuing this sequence with ``tokens[length:]``.
+
+        Only when ``length`` is block aligned and ``tokens`` starts with what the
+        sequence holds. At most ``limit`` tokens in total (callers keep one token to
+        compute). Returns how many tokens were attached."""
+        pool, bs = self.pool, self.pool.block_size
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        if self.length % bs or tokens[: self.length] != self.tokens:
+            return 0
+        before = self.length
+        # a stale block after a truncate at this position would be replaced
+        while self.length + bs <= limit:
+            k = self.length // bs
+            chunk = tokens[k * bs : (k + 1) * bs]
+            parent = self.hashes[-1] if self.hashes else pool.root
+            h = block_hash(parent, chunk)
+            b = pool.lookup(h)
+            if b is None:
+                break
+            if k < len(self.blocks):
+                pool.release(self.blocks[k])
+                self.blocks[k] = b
+            else:
+                self.blocks.append(b)
+            self.tokens.extend(chunk)
+            self.hashes.append(h)
+        gained = self.length - before
+        pool.stats.prefix_hit_tokens += gained
+        return gained
+
+    def fork(self) -> Sequence:
+        """A new sequence sharing every block (copy-on-write on the next write)."""
+        other = Sequence(self.pool)
+        nb = -(-self.length // self.pool.block_size)
+        other.blocks = list(self.blocks[:nb])
+        for b in other.blocks:
+            self.pool.retain(b)
+        other.tokens = list(self.tokens)
+        other.hashes = list(self.hashes)
+        return other
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens; blocks past them are released."""
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot truncate a {self.length}-token sequence to {n}")
+        bs = self.pool.block_size
+        keep = -(-n // bs)
+        for b in self.blocks[keep:]:
+            self.pool.release(b)
+        del self.blocks[keep:]
+        del self.tokens[n:]
+        del self.hashes[n // bs :]
+        self._pending = []
+
+    def release(self) -> None:
+        self.truncate(0)
+
+    def common_prefix(self, tokens: list[int]) -> int:
+        n = min(self.length, len(tokens))
+        mine = self.tokens
+        i = 0
+        while i < n and mine[i] == tokens[i]:
+            i += 1
+        return i

@@ -1,0 +1,372 @@
+"""``open()`` and the Llama-family decoder running straight from a package's mmap.
+
+The forward pass is orchestration only: per layer it calls ``kernels.decoder_layer``
+(see :mod:`.kernels`) and, when that reports an activation-scale overflow or a
+non-finite value on the int8-activation path, recomputes the layer on the
+float-activation path and counts the event (:class:`~.stats.ForwardStats`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepack.format import Package, SectionKind
+from edgepack.format.compat import CompatibilityProblem, CompatibilityVerdict
+from edgepack.format.errors import IncompatiblePackageError
+from edgepack.format.signing import load_public_key, verify_signature_block
+
+from .capabilities import runtime_capabilities
+from .config import LlamaConfig, RopeTable
+from .kernels import (
+    Kernels,
+    LayerContext,
+    select_kernels,
+    with_float_activations,
+)
+from .kv_cache import KVCacheConfig, KVPool
+from .kv_cache import Sequence as KVSequence
+from .stats import ForwardStats
+from .weights import ModelWeights, bind_weights
+
+__all__ = ["ACT_MODES", "VERIFY_MODES", "Model", "open"]
+
+_log = logging.getLogger("edgepack.runtime")
+
+VERIFY_MODES = ("signature", "full", "none")
+ACT_MODES = ("auto", "int8", "float")
+INJECT_ENV = "EDGEPACK_INJECT_OVERFLOW"  # test hook: "3,7" or "all"
+_END_TOKENS = frozenset(
+    {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<|end|>"}
+)
+
+
+def open(
+    path: str | os.PathLike[str],
+    trusted_keys: Iterable[Any] | None = None,
+    threads: int | None = None,
+    kv: str = "int8",
+    kernels: str | None = None,
+    *,
+    verify: str = "signature",
+    threshold: int = 1,
+    activations: str = "auto",
+    kv_budget_bytes: int = 128 * 1024 * 1024,
+    kv_block_size: int = 16,
+    prefill_chunk: int = 512,
+) -> Model:
+    """Open a package for inference; weights stay in the read-only mmap.
+
+    * Compatibility with this runtime (:func:`runtime_capabilities`) is always checked:
+      :class:`~edgepack.format.errors.IncompatiblePackageError` says what to do.
+    * ``trusted_keys``: Ed25519 public keys (objects or ``.pub`` paths). ``verify``:
+      ``"signature"`` (default) checks that ``threshold`` trusted keys signed the header
+      digest (the header binds every tensor/section hash; the header itself is always
+      digest-checked) without reading the weights, so opening stays O(header);
+      ``"full"`` also hashes every tensor and section (reads the whole file once);
+      ``"none"`` skips signatures (not allowed together with ``trusted_keys``).
+    * ``threads``: worker threads of the kernels (default: all CPUs).
+    * ``kv``: ``"int8"`` (K int8, V int4 group-wise) or ``"float"`` (reference).
+    * ``kernels``: ``"numpy"``, ``"native"`` or None (``$EDGEPACK_KERNELS``, else auto).
+    * ``activations``: ``"int8"`` (dynamic int8 activations into quantized matmuls, the
+      native kernels' scheme), ``"float"``, or ``"auto"`` (int8 iff weights are quantized).
+    """
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if activations not in ACT_MODES:
+        raise ValueError(f"activations must be one of {ACT_MODES}, got {activations!r}")
+    keys = _load_keys(trusted_keys)
+    if keys is not None and verify == "none":
+        raise ValueError("trusted_keys given with verify='none': nothing would check them")
+    kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
+    pkg = Package.open(path, capabilities=runtime_capabilities())
+    try:
+        if verify == "full":
+            pkg.verify(keys, threshold=threshold)
+        elif verify == "signature" and keys is not None:
+            verify_signature_block(
+                pkg.signature_block(), pkg.preamble.header_digest, keys, threshold
+            )
+        arch = pkg.header.identity.architecture
+        if arch != "llama":
+            problem = CompatibilityProblem(
+                "architecture",
+                f"architecture {arch!r} is not one this runtime runs (llama family only)",
+                "fetch a package of a supported model",
+            )
+            verdict = CompatibilityVerdict((problem,))
+            raise IncompatiblePackageError(verdict.summary(), verdict)
+        cfg = LlamaConfig.from_dict(pkg.header.identity.config)
+        weights = bind_weights(pkg, cfg)
+        k = select_kernels(kernels, threads)
+    except BaseException:
+        pkg.close()
+        raise
+    return Model(pkg, cfg, weights, k, kv_config, activations, prefill_chunk)
+
+
+def _load_keys(trusted_keys: Iterable[Any] | None) -> list[Any] | None:
+    if trusted_keys is None:
+        return None
+    out = []
+    for key in trusted_keys:
+        out.append(load_public_key(key) if isinstance(key, (str, Path)) else key)
+    return out
+
+
+def _inject_layers(num_layers: int) -> set[int]:
+    spec = os.environ.get(INJECT_ENV, "").strip()
+    if not spec:
+        return set()
+    if spec == "all":
+        return set(range(num_layers))
+    return {int(p) for p in spec.split(",") if p.strip()}
+
+
+class Model:
+    """An opened package. Make :meth:`session` objects to generate; the KV pool (and its
+    prefix cache) is shared by all sessions of a model. Sessions may be used from
+    different threads: forward passes are serialized by ``Model.lock``."""
+
+    def __init__(
+        self,
+        pkg: Package,
+        cfg: LlamaConfig,
+        weights: ModelWeights,
+        kernels: Kernels,
+        kv_config: KVCacheConfig,
+        activations: str = "auto",
+        prefill_chunk: int = 512,
+    ) -> None:
+        self.package = pkg
+        self.config = cfg
+        self.weights = weights
+        self.kernels = kernels
+        self.act_int8 = activations == "int8" or (activations == "auto" and weights.is_quantized)
+        self.prefill_chunk = max(1, prefill_chunk)
+        salt = pkg.preamble.header_digest
+        self.kv_pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_config, salt=salt)
+        self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs))
+        self.inject_overflow_layers: set[int] = _inject_layers(cfg.num_layers)
+        # one forward pass at a time; sessions may live on different threads
+        self.lock = threading.RLock()
+        self._tokenizer = None
+        self._default_session = None
+        self._warned_nonfinite = False
+        self._stop_ids: set[int] | None = None
+        kernels.bind([lin for layer in weights.layers for lin in layer.linears])
+        kernels.bind([weights.output])
+        _log.info(
+            "model %s: %d layers, kv %s, activations %s, kernels %s",
+            pkg.header.identity.name,
+            cfg.num_layers,
+            kv_config.mode,
+            "int8" if self.act_int8 else "float",
+            kernels.name,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        self.kernels.close()
+        self.package.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def kernel_path(self) -> str:
+        return self.kernels.name
+
+    @property
+    def kv_mode(self) -> str:
+        return self.kv_pool.mode
+
+    # -- text ------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):  # -> Tokenizer; lazily built (the tokenizers package is heavy)
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+
+            self._tokenizer = Tokenizer.from_package(self.package)
+        return self._tokenizer
+
+    def chat_template(self) -> str | None:
+        raw = self.package.section(SectionKind.CHAT_TEMPLATE)
+        return raw.decode("utf-8") if raw is not None else None
+
+    def stop_token_ids(self) -> set[int]:
+        """End-of-sequence ids: the config's, plus special end-of-turn tokens the
+        tokenizer defines (read from its JSON: no tokenizer library needed)."""
+        if self._stop_ids is None:
+            ids = set(self.config.eos_token_ids)
+            raw = self.package.section(SectionKind.TOKENIZER)
+            if raw is not None:
+                try:
+                    added = json.loads(raw).get("added_tokens") or []
+                except ValueError:
+                    added = []
+                for tok in added:
+                    if tok.get("special") and tok.get("content") in _END_TOKENS:
+                        ids.add(int(tok["id"]))
+            self._stop_ids = ids
+        return set(self._stop_ids)
+
+    # -- sessions --------------------------------------------------------------------------
+    def session(self):  # -> Session
+        from .session import Session
+
+        return Session(self)
+
+    def _session(self):
+        if self._default_session is None:
+            self._default_session = self.session()
+        return self._default_session
+
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any):
+        """``self.session().generate`` on a default session (see :class:`~.session.Session`)."""
+        return self._session().generate(prompt, **kwargs)
+
+    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any):
+        return self._session().chat(messages, **kwargs)
+
+    def logits(self, ids: str | Sequence[int]) -> np.ndarray:
+        return self._session().logits(ids)
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(
+        self,
+        seq: KVSequence,
+        tokens: Sequence[int],
+        *,
+        logits: str = "last",
+        stats: ForwardStats | None = None,
+        collect: dict[str, list[np.ndarray]] | None = None,
+        teacher: dict[str, np.ndarray] | None = None,
+    ) -> np.ndarray | None:
+        """Run ``tokens`` after what ``seq`` holds, writing their K/V into it.
+
+        ``logits``: ``"last"`` (``[vocab]`` of the last token), ``"all"`` (``[T, vocab]``)
+        or ``"none"``. ``collect`` receives the hidden states (``embed``, ``layers.i``,
+        ``norm``); with ``teacher`` (such hidden states of another run over the same
+        tokens) every layer takes its input from there instead of the previous layer
+        (per-layer error without accumulation; the final norm and head take this run's
+        last layer). Both serve :mod:`.compare`.
+        """
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if seq.length + len(tokens) > self.config.max_position_embeddings:
+            raise ValueError(
+                f"context of {seq.length + len(tokens)} tokens exceeds the model's "
+                f"{self.config.max_position_embeddings}"
+            )
+        with self.lock:
+            return self._forward(seq, tokens, logits, stats or ForwardStats(), collect, teacher)
+
+    def _forward(
+        self,
+        seq: KVSequence,
+        tokens: list[int],
+        logits: str,
+        stats: ForwardStats,
+        collect: dict[str, list[np.ndarray]] | None,
+        teacher: dict[str, np.ndarray] | None,
+    ) -> np.ndarray | None:
+        outs = []
+        step = self.prefill_chunk
+        for c0 in range(0, len(tokens), step):
+            chunk = tokens[c0 : c0 + step]
+            last_chunk = c0 + step >= len(tokens)
+            forced = None
+            if teacher is not None:
+                forced = {k: v[c0 : c0 + len(chunk)] for k, v in teacher.items()}
+            x = self._forward_chunk(seq, chunk, stats, collect, forced)
+            if logits == "all":
+                outs.append(self._head(x, stats))
+            elif logits == "last" and last_chunk:
+                return self._head(x[-1:], stats)[0]
+        if logits == "all":
+            return np.concatenate(outs) if len(outs) > 1 else outs[0]
+        return None
+
+    def _forward_chunk(
+        self,
+        seq: KVSequence,
+        chunk: list[int],
+        stats: ForwardStats,
+        collect: dict[str, list[np.ndarray]] | None,
+        teacher: dict[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        cfg, k = self.config, self.kernels
+        start = seq.length
+        seq.prepare(chunk)
+        positions = np.arange(start, start + len(chunk), dtype=np.int64)
+        n_ctx = start + len(chunk)
+        table = seq.block_table(n_ctx)
+        cos, sin = self.rope.lookup(positions)
+        x = self.weights.embed.lookup(np.asarray(chunk))
+        if collect is not None:
+            collect.setdefault("embed", []).append(x)
+        inject = self.inject_overflow_layers
+        for lw in self.weights.layers:
+            if teacher is not None:
+                x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
+            ctx = LayerContext(
+                num_heads=cfg.num_heads,
+                num_kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                eps=cfg.rms_norm_eps,
+                cos=cos,
+                sin=sin,
+                positions=positions,
+                block_table=table,
+                n_ctx=n_ctx,
+                kv=self.kv_pool.layer(lw.index),
+                act_int8=self.act_int8,
+                inject_overflow=lw.index in inject,
+            )
+            res = k.decoder_layer(lw, x, ctx)
+            if res.fallback is not None and ctx.act_int8:
+                stats.record_fallback(lw.index, res.fallback)
+                _log.debug(
+                    "layer %d: %s: recomputed with float activations", lw.index, res.fallback
+                )
+                res = k.decoder_layer(lw, x, with_float_activations(ctx))
+            if res.fallback is not None:
+                stats.nonfinite_outputs += 1
+                if not self._warned_nonfinite:
+                    self._warned_nonfinite = True
+                    _log.warning("layer %d: %s on the float path too", lw.index, res.fallback)
+            if res.x is None:
+                raise FloatingPointError(f"layer {lw.index} failed: {res.fallback}")
+            x = res.x
+            if collect is not None:
+                collect.setdefault(f"layers.{lw.index}", []).append(x)
+        seq.commit()
+        x = k.rmsnorm(x, self.weights.norm, cfg.rms_norm_eps)
+        if collect is not None:
+            collect.setdefault("norm", []).append(x)
+        return x
+
+    def _head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
+        """Logits from final-normed hidden states ``x: [T, hidden]``."""
+        k, out = self.kernels, self.weights.output
+        if self.act_int8 and out.is_quantized:
+            qa = k.quantize_activations(x, out.act_group)
+            if not qa.overflow:
+                return k.matmul(qa, out)
+            stats.record_fallback("head", "activation scale overflow (head input)")
+        return k.matmul(x, out)
+
+    def new_sequence(self) -> KVSequence:
+        return self.kv_pool.sequence()

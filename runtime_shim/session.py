@@ -1,0 +1,279 @@
+"""A conversation with a model: its own KV sequence, generation, logits and stats.
+
+A session keeps the K/V of what it last processed. A new prompt that starts with the
+same tokens (the next chat turn) only computes the new part; otherwise the sequence is
+cut back to the common prefix (copy-on-write protects blocks other sessions share) and
+extended from the model-wide prefix cache where full blocks match.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .chat import render_chat
+from .sampling import Sampler, SamplingParams
+from .stats import ForwardStats, GenerationStats
+
+if TYPE_CHECKING:
+    from .model import Model
+
+__all__ = ["Session"]
+
+
+class Session:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.seq = model.new_sequence()
+        self.forward_stats = ForwardStats()  # cumulative
+        self.stats = GenerationStats(kernel_path=model.kernel_path, kv_mode=model.kv_mode)
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._closed:
+            with self.model.lock:
+                self.seq.release()
+            self._closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def fork(self) -> Session:
+        """A new session continuing from this one's context (blocks shared, COW)."""
+        other = Session(self.model)
+        with self.model.lock:
+            other.seq = self.seq.fork()
+        return other
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.seq.tokens)
+
+    # -- scoring ---------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.model.tokenizer.encode(text)
+
+    def logits(self, ids: str | Sequence[int]) -> np.ndarray:
+        """``float32 [T, vocab]`` logits of every position of ``ids`` (from position 0,
+        on a scratch sequence; this session's context is untouched)."""
+        ids = self.encode(ids) if isinstance(ids, str) else [int(i) for i in ids]
+        seq = self.model.new_sequence()
+        try:
+            out = self.model.forward(seq, ids, logits="all", stats=self.forward_stats)
+        finally:
+            with self.model.lock:
+                seq.release()
+        assert out is not None
+        return out
+
+    def hidden_states(
+        self, ids: Sequence[int], teacher: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Hidden states after the embedding, every layer and the final norm, plus
+        ``logits``: each ``[T, ...]`` float32 (for :mod:`.compare`). With ``teacher``
+        (another run's hidden states) each layer's input comes from there."""
+        seq = self.model.new_sequence()
+        collect: dict[str, list[np.ndarray]] = {}
+        try:
+            logits = self.model.forward(
+                seq,
+                list(ids),
+                logits="all",
+                stats=self.forward_stats,
+                collect=collect,
+                teacher=teacher,
+            )
+        finally:
+            with self.model.lock:
+                seq.release()
+        out = {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in collect.items()}
+        out["logits"] = logits
+        return out
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str | int] | None = None,
+        *,
+        repetition_penalty: float = 1.0,
+        output: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> Iterator[Any]:
+        """Stream a continuation of ``prompt`` (text or token ids).
+
+        Yields text pieces (``output="text"``, the default for a text prompt) or token
+        ids (``output="ids"``, the default for an id prompt). Stops after ``max_tokens``,
+        at an end-of-sequence token, at any ``stop`` string (not included in the output)
+        or token id, or when the context is full. ``temperature=0`` is greedy.
+        ``self.stats`` describes the call once the generator is exhausted or closed.
+        """
+        if isinstance(prompt, str):
+            ids = self.model.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            mode = output or "text"
+        else:
+            ids = [int(i) for i in prompt]
+            mode = output or "ids"
+        if mode not in ("text", "ids"):
+            raise ValueError("output must be 'text' or 'ids'")
+        params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        return self._generate(ids, max_tokens, params, stop, mode)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        max_tokens: int = 256,
+        *,
+        engine: str = "auto",
+        **kwargs: Any,
+    ) -> Iterator[Any]:
+        """Render ``messages`` with the package's chat template and stream the reply."""
+        text = self.render_chat(messages, engine=engine)
+        ids = self.model.tokenizer.encode(text, add_special_tokens=False)
+        kwargs.setdefault("output", "text")
+        return self.generate(ids, max_tokens, **kwargs)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], engine: str = "auto") -> str:
+        tok = self.model.tokenizer
+        cfg = self.model.config
+
+        def token_text(tid: int | None) -> str:
+            return (tok.id_to_token(tid) or "") if tid is not None else ""
+
+        eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else None
+        return render_chat(
+            self.model.chat_template(),
+            messages,
+            add_generation_prompt=True,
+            bos_token=token_text(cfg.bos_token_id),
+            eos_token=token_text(eos),
+            engine=engine,
+        )
+
+    def _generate(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        stop: str | Sequence[str | int] | None,
+        mode: str,
+    ) -> Iterator[Any]:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        model = self.model
+        stop_strings, stop_ids = _split_stops(stop)
+        stop_ids |= model.stop_token_ids()
+        stats = GenerationStats(
+            kernel_path=model.kernel_path,
+            kv_mode=model.kv_mode,
+            activations="int8" if model.act_int8 else "float",
+            prompt_tokens=len(ids),
+        )
+        self.stats = stats
+        fallbacks0 = self.forward_stats.precision_fallbacks
+        sampler = Sampler(params)
+        t0 = time.perf_counter()
+        cached = self._reuse(ids)
+        stats.cached_prompt_tokens = cached
+        logits = model.forward(self.seq, ids[cached:], stats=self.forward_stats)
+        assert logits is not None
+        max_ctx = model.config.max_position_embeddings
+        detok = model.tokenizer.stream() if mode == "text" else None
+        text = ""  # generated text not yet yielded (held back for stop strings)
+        hold = max((len(s) for s in stop_strings), default=1) - 1
+        generated: list[int] = []
+        t_decode = None
+        stats.finish_reason = "length"
+        try:
+            while len(generated) < max_tokens:
+                tid = sampler(logits, ids + generated)
+                if not generated:
+                    stats.time_to_first_token = time.perf_counter() - t0
+                    stats.prefill_seconds = stats.time_to_first_token
+                    t_decode = time.perf_counter()
+                generated.append(tid)
+                stats.generated_tokens = len(generated)
+                if tid in stop_ids:
+                    stats.finish_reason = "eos"
+                    break
+                if detok is None:
+                    yield tid
+                else:
+                    text += detok.feed(tid)
+                    cut = _find_stop(text, stop_strings)
+                    if cut is not None:
+                        if cut:
+                            yield text[:cut]
+                        text = ""
+                        stats.finish_reason = "stop"
+                        break
+                    if len(text) > hold:
+                        emit = len(text) - hold
+                        yield text[:emit]
+                        text = text[emit:]
+                if len(generated) >= max_tokens:
+                    break
+                if self.seq.length + 1 > max_ctx:
+                    stats.finish_reason = "context"
+                    break
+                logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+                assert logits is not None
+            if detok is not None and stats.finish_reason not in ("stop",):
+                text += detok.flush()
+                cut = _find_stop(text, stop_strings)
+                if cut is not None:
+                    text = text[:cut]
+                    stats.finish_reason = "stop"
+                if text:
+                    yield text
+        finally:
+            if t_decode is not None:
+                stats.decode_seconds = time.perf_counter() - t_decode
+            stats.precision_fallbacks = self.forward_stats.precision_fallbacks - fallbacks0
+
+    def _reuse(self, ids: list[int]) -> int:
+        """Keep what this session already holds of ``ids`` and attach cached blocks; at
+        least one token is left to compute. Returns how many tokens need no compute."""
+        limit = len(ids) - 1
+        with self.model.lock:
+            common = min(self.seq.common_prefix(ids), limit)
+            if common < self.seq.length:
+                self.seq.truncate(common)
+            self.seq.attach_prefix(ids, limit)
+            return self.seq.length
+
+
+def _split_stops(stop: str | Sequence[str | int] | None) -> tuple[list[str], set[int]]:
+    if stop is None:
+        return [], set()
+    items = [stop] if isinstance(stop, str) else list(stop)
+    strings = [s for s in items if isinstance(s, str) and s]
+    ids = {int(s) for s in items if isinstance(s, (int, np.integer))}
+    return strings, ids
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best

@@ -1,0 +1,237 @@
+"""Bind a package's tensors to the decoder without copying them.
+
+Every :class:`Linear` holds zero-copy views of the mmap (codes, scales, zeros exactly as
+stored, spec/FORMAT.md section 5); kernels decode them on the fly. Only the small 1-D
+tensors (norm weights, biases: a few KB per layer) are converted to float32 copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgepack.format import Encoding, Package, QuantizedTensor
+from edgepack.format.errors import CorruptPackageError
+
+from .config import LlamaConfig
+
+__all__ = ["Embedding", "LayerWeights", "Linear", "ModelWeights", "bind_weights"]
+
+
+@dataclass(eq=False)
+class Linear:
+    """A weight ``[rows=out, cols=in]`` in its stored encoding, plus an optional bias.
+
+    ``codes``: f32/f16 ``[R, C]``, bf16 as uint16 ``[R, C]``, int8 ``[R, C]`` or packed
+    int4 uint8 ``[R, C/2]``; ``scales``: f32 ``[R]`` (int8) or f16 ``[R, C/g]`` (int4);
+    ``zeros``: f16 ``[R, C/g]`` (int4 asymmetric). LOW_RANK has ``factors = (U, V)``.
+    ``native`` is a slot for an opaque handle a native backend binds once at open.
+    """
+
+    name: str
+    encoding: Encoding
+    rows: int
+    cols: int
+    codes: np.ndarray | None = None
+    scales: np.ndarray | None = None
+    zeros: np.ndarray | None = None
+    group_size: int = 0
+    bias: np.ndarray | None = None
+    factors: tuple[Linear, Linear] | None = None
+    native: Any = field(default=None, repr=False)
+    # derived once (the forward pass asks for them per call)
+    is_quantized: bool = field(init=False, repr=False)
+    act_group: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.factors is not None:
+            self.is_quantized = any(f.is_quantized for f in self.factors)
+            self.act_group = self.factors[1].act_group
+        else:
+            self.is_quantized = not self.encoding.is_float
+            self.act_group = self._act_group()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of stored weight data one full read of this matrix touches."""
+        if self.factors is not None:
+            return sum(f.nbytes for f in self.factors)
+        return sum(a.nbytes for a in (self.codes, self.scales, self.zeros) if a is not None)
+
+    def _act_group(self) -> int:
+        """Group of the dynamic int8 activation scales this weight is multiplied with:
+        the weight's own group for int4 (one int32 dot per group pair), 32 for int8 (as
+        llama.cpp's Q8_0: a massive activation only coarsens its own 32 columns), or
+        the whole row when 32 does not divide it."""
+        if self.encoding.is_group:
+            return self.group_size
+        return 32 if self.cols % 32 == 0 else self.cols
+
+
+@dataclass(eq=False)
+class Embedding:
+    """Token embedding ``[vocab, hidden]``; rows are decoded on lookup."""
+
+    table: Linear
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        t = self.table
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
+            raise ValueError(f"token id out of range 0..{t.rows - 1}")
+        return decode_rows(t, ids)
+
+
+def decode_rows(t: Linear, ids: np.ndarray) -> np.ndarray:
+    """float32 rows ``ids`` of ``t`` (any encoding), bit-exact with the format codecs."""
+    from edgepack.format import codecs
+
+    if t.factors is not None:
+        u, v = t.factors
+        return decode_rows(u, ids) @ decode_rows(v, np.arange(v.rows))
+    codes = t.codes
+    assert codes is not None
+    enc = t.encoding
+    if enc == Encoding.F32:
+        return np.array(codes[ids], np.float32)
+    if enc == Encoding.F16:
+        return codes[ids].astype(np.float32)
+    if enc == Encoding.BF16:
+        return (codes[ids].astype(np.uint32) << 16).view(np.float32)
+    if enc == Encoding.INT8_CHANNEL:
+        return codecs.dequantize_int8_channel(codes[ids], t.scales[ids])
+    zeros = t.zeros[ids] if t.zeros is not None else None
+    return codecs.dequantize_group(codes[ids], t.scales[ids], zeros, enc.bits, t.group_size)
+
+
+def _shared_group(lins: tuple[Linear, ...]) -> int | None:
+    if not all(lin.is_quantized and lin.factors is None for lin in lins):
+        return None
+    groups = {lin.act_group for lin in lins}
+    return groups.pop() if len(groups) == 1 else None
+
+
+@dataclass(eq=False)
+class LayerWeights:
+    index: int
+    attn_norm: np.ndarray
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    ffn_norm: np.ndarray
+    gate: Linear
+    up: Linear
+    down: Linear
+    # the shared activation group of q/k/v and of gate/up (None: quantize per weight)
+    qkv_group: int | None = field(init=False, default=None)
+    gate_up_group: int | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.qkv_group = _shared_group((self.q, self.k, self.v))
+        self.gate_up_group = _shared_group((self.gate, self.up))
+
+    @property
+    def linears(self) -> tuple[Linear, ...]:
+        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
+
+
+@dataclass(eq=False)
+class ModelWeights:
+    embed: Embedding
+    layers: list[LayerWeights]
+    norm: np.ndarray
+    output: Linear
+    rope_freqs: np.ndarray | None
+
+    @property
+    def is_quantized(self) -> bool:
+        return any(lin.is_quantized for layer in self.layers for lin in layer.linears)
+
+    def decode_bytes_per_token(self) -> int:
+        """Weight bytes one decode step reads: every layer matrix, the head, one embedding row."""
+        total = sum(lin.nbytes for layer in self.layers for lin in layer.linears)
+        total += self.output.nbytes
+        return total + self.embed.table.nbytes // max(self.embed.table.rows, 1)
+
+
+def _linear(pkg: Package, name: str, bias: str | None = None) -> Linear:
+    entry = pkg.entry(name)
+    if len(entry.shape) != 2:
+        raise CorruptPackageError(f"{name} has shape {entry.shape}, a matrix was expected")
+    rows, cols = entry.shape
+    b = None
+    if bias is not None and bias in pkg.header.tensor_index:
+        b = _vector(pkg, bias, rows)
+    if entry.encoding == Encoding.LOW_RANK:
+        u, v = (_linear(pkg, f) for f in entry.factors)
+        if u.rows != rows or v.cols != cols or u.cols != v.rows:
+            raise CorruptPackageError(f"{name}: low-rank factors do not compose to {entry.shape}")
+        return Linear(name, entry.encoding, rows, cols, bias=b, factors=(u, v))
+    stored = pkg.tensor(name)
+    if isinstance(stored, QuantizedTensor):
+        return Linear(
+            name,
+            entry.encoding,
+            rows,
+            cols,
+            codes=stored.codes,
+            scales=stored.scales,
+            zeros=stored.zeros,
+            group_size=entry.group_size,
+            bias=b,
+        )
+    return Linear(name, entry.encoding, rows, cols, codes=stored.reshape(rows, cols), bias=b)
+
+
+def _vector(pkg: Package, name: str, size: int) -> np.ndarray:
+    value = np.ascontiguousarray(pkg.dequantize(name), np.float32).reshape(-1)
+    if value.size != size:
+        raise CorruptPackageError(f"{name} has {value.size} values, {size} expected")
+    return value
+
+
+def bind_weights(pkg: Package, cfg: LlamaConfig) -> ModelWeights:
+    """Views of every tensor the decoder needs; shapes are checked against ``cfg``."""
+    h, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    names = pkg.header.tensor_index
+
+    def need(name: str, shape: tuple[int, int], bias: str | None = None) -> Linear:
+        if name not in names:
+            raise CorruptPackageError(f"package lacks tensor {name!r}")
+        lin = _linear(pkg, name, bias)
+        if (lin.rows, lin.cols) != shape:
+            raise CorruptPackageError(f"{name} is {lin.rows}x{lin.cols}, {shape} expected")
+        return lin
+
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        layers.append(
+            LayerWeights(
+                index=i,
+                attn_norm=_vector(pkg, p + "attn_norm.weight", h),
+                q=need(p + "attn_q.weight", (q, h), p + "attn_q.bias"),
+                k=need(p + "attn_k.weight", (kv, h), p + "attn_k.bias"),
+                v=need(p + "attn_v.weight", (kv, h), p + "attn_v.bias"),
+                o=need(p + "attn_o.weight", (h, q)),
+                ffn_norm=_vector(pkg, p + "ffn_norm.weight", h),
+                gate=need(p + "ffn_gate.weight", (f, h)),
+                up=need(p + "ffn_up.weight", (f, h)),
+                down=need(p + "ffn_down.weight", (h, f)),
+            )
+        )
+    embed = need("embed.weight", (cfg.vocab_size, h))
+    output = need("output.weight", (cfg.vocab_size, h)) if "output.weight" in names else embed
+    rope_freqs = None
+    if "rope_freqs.weight" in names:
+        rope_freqs = _vector(pkg, "rope_freqs.weight", cfg.head_dim // 2)
+    return ModelWeights(
+        embed=Embedding(embed),
+        layers=layers,
+        norm=_vector(pkg, "norm.weight", h),
+        output=output,
+        rope_freqs=rope_freqs,
+    )

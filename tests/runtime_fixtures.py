@@ -1,0 +1,106 @@
+"""Shared helpers for the runtime tests: tiny synthetic packages with a transformers
+reference, SmolLM2 packages built once per test session, and the texts the bars use.
+
+``pydoc_data.topics`` (stdlib) is the text source: sorted keys ``[:40]`` are the
+calibration split, ``[40:]`` the evaluation split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub
+
+_BUILT: dict[tuple, Path] = {}  # shared by every test module of the session
+
+
+def _topics() -> tuple[list[str], dict[str, str]]:
+    import pydoc_data.topics as topics
+
+    return sorted(topics.topics), topics.topics
+
+
+def eval_text() -> str:
+    keys, t = _topics()
+    return "\n\n".join(t[k] for k in keys[40:])
+
+
+def calibration_text() -> str:
+    keys, t = _topics()
+    return "\n\n".join(t[k] for k in keys[:40])
+
+
+# -- tiny synthetic models ----------------------------------------------------------------
+def tiny_spec(**overrides):
+    from edgepack.packager.importers.synthetic import TinyLlamaSpec
+
+    base = TinyLlamaSpec(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=288,
+    )
+    return replace(base, **overrides)
+
+
+def tiny_model_dir(root: Path, rope_scaling: dict | None = None, **overrides) -> Path:
+    """An HF folder of a tiny random Llama (or Qwen2 with ``model_type="qwen2"``)."""
+    from edgepack.packager.importers.synthetic import write_hf_llama
+
+    key = ("hf", tuple(sorted(overrides.items())), json.dumps(rope_scaling, sort_keys=True))
+    if key in _BUILT:
+        return _BUILT[key]
+    d = root / f"hf-{len(_BUILT)}"
+    write_hf_llama(d, tiny_spec(**overrides))
+    if rope_scaling is not None:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["rope_scaling"] = rope_scaling
+        (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    _BUILT[key] = d
+    return d
+
+
+def convert_to(root: Path, src: Path, encoding: str, name: str | None = None) -> Path:
+    from edgepack.packager.convert import convert
+
+    key = ("pkg", str(src), encoding)
+    if key in _BUILT:
+        return _BUILT[key]
+    out = root / (name or f"{src.name}-{encoding}.epk")
+    convert(src, out, encoding=encoding)
+    _BUILT[key] = out
+    return out
+
+
+def hf_logits(model_dir: Path, ids: list[int], gguf_file: str | None = None) -> np.ndarray:
+    """float32 ``[T, vocab]`` logits from transformers on torch CPU (float32, eager)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": torch.float32}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.tensor([ids], dtype=torch.long)).logits[0]
+    return out.float().numpy()
+
+
+# -- SmolLM2 ------------------------------------------------------------------------------
+def smollm2_package(gguf: Path, root: Path, encoding: str) -> Path:
+    """SmolLM2-135M converted with ``encoding``; built once per test session."""
+    return convert_to(root, gguf, encoding, name=f"smollm2-{encoding}.epk")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.sqrt((a @ a) * (b @ b)))
