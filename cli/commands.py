@@ -198,4 +198,4 @@ def fetch_sample(name: str, cache: str | None) -> None:
 
 
 # Command groups living in their own modules register themselves on `cli`.
-from . import release_commands, run_commands  # noqa: E402,F401
+from . import delta_commands, release_commands, run_commands  # noqa: E402,F401

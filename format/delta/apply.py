@@ -11,6 +11,7 @@ temporary file is removed and the target path is left as it was.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -217,7 +218,11 @@ def _write_target(d: DeltaFile, base_fd: int, out: Path, progress) -> tuple[int,
     try:
         try:
             os.posix_fallocate(fd, 0, h.target_file_size)  # fail early on a full disk
-        except (AttributeError, OSError):
+        except AttributeError:  # not on this platform
+            os.ftruncate(fd, h.target_file_size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
             os.ftruncate(fd, h.target_file_size)
         runner = _Runner(d, base_fd, fd)
         for i, op in enumerate(h.ops):

@@ -54,7 +54,7 @@ MAX_PREAMBLE_SIZE = 4096
 FIXED_SIZE = 196
 MAX_HEADER_LENGTH = 64 * 1024 * 1024
 MAX_STREAMS = 1 << 16
-MAX_OPS = 1 << 23
+MAX_OPS = 1 << 20  # each op is a Python object on the device: bound the header's cost
 MAX_FILE_SIZE = 1 << 48
 MAX_STREAM_LENGTH = 1 << 40
 MAX_DICT_LENGTH = 1 << 30
@@ -118,7 +118,7 @@ _PREDICT_TO = frozenset({Encoding.INT8_CHANNEL, Encoding.INT4_GROUP_SYM, Encodin
 # ------------------------------------------------------------------------ values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stream:
     codec: int
     blob_length: int
@@ -127,7 +127,7 @@ class Stream:
     dict_length: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prediction:
     """A base tensor re-quantized into the target's encoding (spec section 4)."""
 
@@ -163,7 +163,7 @@ class Prediction:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     kind: int
     target_offset: int

@@ -1,0 +1,110 @@
+"""`edgepack diff` and `edgepack patch`: tensor-aware deltas between packages (spec/DELTA.md).
+
+Errors are the typed ones of edgepack.format.delta.errors, mapped to exit codes by the
+CLI entry point: 3 corrupt delta, wrong base or mismatching result, 4 signature,
+5 a delta format this edgepack cannot read.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from edgepack.format.errors import EXIT_OK
+
+from .commands import cli
+
+
+@cli.command()
+@click.argument("old", type=click.Path(exists=True, dir_okay=False))
+@click.argument("new", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Delta to write (.epkd).",
+)
+@click.option(
+    "--sign-key",
+    "sign_keys",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Ed25519 private key (NAME.key) to sign the delta with; repeatable.",
+)
+@click.option(
+    "--level",
+    default=19,
+    show_default=True,
+    type=click.IntRange(1, 22),
+    help="zstd level of the streams.",
+)
+@click.option("--no-verify", is_flag=True, help="Skip applying the delta once before writing it.")
+def diff(
+    old: str, new: str, out: str, sign_keys: tuple[str, ...], level: int, no_verify: bool
+) -> int:
+    """Write a delta that turns package OLD into package NEW."""
+    from edgepack.format import load_private_key
+    from edgepack.server.delta import DeltaOptions, create_delta
+
+    keys = [load_private_key(k) for k in sign_keys]
+    start = time.perf_counter()
+    stats = create_delta(
+        old, new, out, signing_keys=keys, options=DeltaOptions(level=level, verify=not no_verify)
+    )
+    seconds = time.perf_counter() - start
+    new_size = Path(new).stat().st_size
+    click.echo(
+        f"wrote {out}: {stats.size:,} bytes ({100 * stats.size / max(new_size, 1):.2f}% of NEW), "
+        f"{stats.ops} ops, {stats.copied:,} bytes copied, {stats.coded:,} coded, "
+        f"{seconds:.1f} s" + (f", signed by {len(keys)} key(s)" if keys else ", unsigned")
+    )
+    return EXIT_OK
+
+
+@cli.command()
+@click.argument("old", type=click.Path(exists=True, dir_okay=False))
+@click.argument("delta", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Package to write.",
+)
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Public key (NAME.pub) the delta must be signed by; repeatable.",
+)
+@click.option(
+    "--threshold",
+    default=1,
+    show_default=True,
+    help="Signatures from distinct trusted keys required.",
+)
+def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
+    """Apply DELTA to package OLD, writing the verified result atomically to -o."""
+    from edgepack.format import load_public_key
+    from edgepack.format.delta import apply_delta
+
+    keys = [load_public_key(k) for k in trusted_keys] or None
+    start = time.perf_counter()
+    report = apply_delta(old, delta, out, trusted_keys=keys, threshold=threshold)
+    seconds = time.perf_counter() - start
+    if report.trusted_signers:
+        sig = "signed by trusted key(s) " + ", ".join(s[:16] for s in report.trusted_signers)
+    elif report.signed:
+        sig = "signed, signature not checked (no --trusted-key given)"
+    else:
+        sig = "unsigned"
+    click.echo(
+        f"wrote {out}: {report.target_size:,} bytes, verified (SHA-256) in {seconds:.1f} s; {sig}"
+    )
+    return EXIT_OK

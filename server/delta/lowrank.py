@@ -1,0 +1,194 @@
+"""Fit a FACTORS correction (spec/DELTA.md section 4.1) to a re-quantized tensor update.
+
+A merged fine-tune changes a weight matrix by a low-rank update (LoRA) and re-quantizes
+it. The new codes and scales pin every new weight to a quantization cell; relative to
+the old (dequantized) weights, the update lies in a box ``lo <= L <= hi`` per element.
+We look for a low-rank ``L`` in that box by alternating projections (clip to the box,
+project to rank k by subspace iteration), starting from the rank-k part of the cell
+midpoints; the rank is the number of singular values standing out of the quantization
+noise. Only matrix products and k x k factorizations are used: a full SVD is slow and
+multi-threaded BLAS is pathological on a loaded 2-core machine.
+
+Creator-only and not normative: any ``L`` is correct (the residual fixes the rest), a
+better one is just smaller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgepack.format import Encoding, codecs
+from edgepack.format.delta.container import MAX_RANK
+
+__all__ = ["cell_bounds", "fit_lowrank", "quantize_factors"]
+
+_F32 = np.float32
+_MAX_FIT_RANK = 32
+_NOISE_MARGIN = 1.5
+
+
+def cell_bounds(
+    w_old: np.ndarray, encoding: Encoding, group_size: int, codes, scales, zeros
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per element, the interval the update ``new - w_old`` must lie in for the new
+    tensor to quantize to the given codes (its scales taken as known)."""
+    rows, cols = w_old.shape
+    if encoding == Encoding.INT8_CHANNEL:
+        q = np.asarray(codes).view(np.int8).reshape(rows, cols).astype(_F32)
+        d = np.repeat(np.asarray(scales, _F32).reshape(rows, 1), cols, axis=1)
+        lo_q, hi_q = -127, 127
+    else:
+        q = codecs.unpack_nibbles(np.asarray(codes).view(np.uint8).reshape(rows, -1)).astype(_F32)
+        d = np.repeat(np.asarray(scales).astype(_F32).reshape(rows, -1), group_size, axis=1)
+        if encoding == Encoding.INT4_GROUP_SYM:
+            q -= 8
+            lo_q, hi_q = -8, 7
+        else:
+            lo_q, hi_q = 0, 15
+    with np.errstate(all="ignore"):
+        base = q * d
+        if encoding == Encoding.INT4_GROUP_ASYM:
+            base += np.repeat(np.asarray(zeros).astype(_F32).reshape(rows, -1), group_size, axis=1)
+        half = 0.5 * np.abs(d)
+        lo, hi = base - half - w_old, base + half - w_old
+        # a clipped code only bounds the value on one side; keep a finite box anyway
+        sign = np.sign(d)
+        open_hi = (q == hi_q) & (sign > 0) | (q == lo_q) & (sign < 0)
+        open_lo = (q == lo_q) & (sign > 0) | (q == hi_q) & (sign < 0)
+        hi[open_hi] += 4 * half[open_hi]
+        lo[open_lo] -= 4 * half[open_lo]
+    bad = ~(np.isfinite(lo) & np.isfinite(hi))
+    lo[bad], hi[bad] = 0, 0
+    return lo.astype(_F32), hi.astype(_F32)
+
+
+def _orth(y: np.ndarray) -> np.ndarray:
+    """Orthonormal basis of the columns of ``y`` (Cholesky QR, twice for accuracy)."""
+    dtype = y.dtype
+    y = y.astype(np.float64)
+    for _ in range(2):
+        g = y.T @ y
+        g += np.eye(g.shape[0]) * (1e-9 * max(float(np.trace(g)), 1e-300))
+        r = np.linalg.cholesky(g)
+        y = np.linalg.solve(r, y.T).T
+    return y.astype(dtype)
+
+
+def fit_lowrank(
+    lo: np.ndarray, hi: np.ndarray, *, iterations: int = 40, margin: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(U, V)`` with ``U @ V`` low-rank and (nearly) inside ``[lo, hi]``, or None when the
+    box midpoints have no component standing out of the quantization noise.
+
+    The boxes are shrunk by ``margin`` of their width at first, linearly relaxed to 0:
+    plain alternating projections stall with a few percent of elements on the wrong side
+    of a rounding boundary; the shrunken boxes push the fit into their interiors, where
+    it also survives the quantization of the factors.
+    """
+    rows, cols = lo.shape
+    k_max = min(_MAX_FIT_RANK, rows // 4, cols // 4)
+    if k_max < 1:
+        return None
+    mid = 0.5 * (lo + hi)
+    width = hi - lo
+    noise = float(np.sqrt(np.mean(width.astype(np.float64) ** 2) / 12.0))
+    edge = noise * (np.sqrt(rows) + np.sqrt(cols))
+    rng = np.random.default_rng(seed)
+    q = _orth(mid @ rng.standard_normal((cols, k_max)).astype(_F32))
+    for _ in range(3):
+        q = _orth(mid @ (mid.T @ q))
+    p = (q.T @ mid).astype(np.float64)
+    s2, vecs = np.linalg.eigh(p @ p.T)
+    s = np.sqrt(np.maximum(s2[::-1], 0))
+    rank = min(int(np.sum(s > _NOISE_MARGIN * edge)), MAX_RANK)
+    if rank < 1:
+        return None
+    q = (q @ vecs[:, ::-1][:, :rank].astype(_F32)).astype(_F32)
+    x = mid
+    for it in range(iterations):
+        q = _orth(x @ (x.T @ q))
+        low = q @ (q.T @ x)
+        m = margin * (1.0 - it / iterations)
+        x = np.clip(low, lo + m * width, hi - m * width)
+    p = (q.T @ x).astype(np.float64)
+    q = q.astype(np.float64)
+    # balance: L = (Q Up S^1/2)(S^1/2 Vt) so both factors carry similar magnitudes
+    s2, up = np.linalg.eigh(p @ p.T)
+    s = np.sqrt(np.maximum(s2, 1e-300))
+    vt = (up.T @ p) / s[:, None]
+    u = q @ up * np.sqrt(s)[None, :]
+    v = np.sqrt(s)[:, None] * vt
+    return u, v
+
+
+def quantize_factors(u: np.ndarray, v: np.ndarray, qmax: int) -> bytes:
+    """The FACTORS op bytes for ``u @ v``: ``su, u, sv, v`` with ``|codes| <= qmax``."""
+
+    def scale(m: np.ndarray, axis: int) -> np.ndarray:
+        s = (np.abs(m).max(axis=axis) / qmax).astype(np.float16)
+        s[~np.isfinite(s) | (s == 0)] = np.float16(1)
+        return s
+
+    su = scale(u, 1)
+    sv = scale(v, 0)
+    uq = np.clip(np.rint(u / su.astype(np.float64)[:, None]), -qmax, qmax).astype(np.int8)
+    vq = np.clip(np.rint(v / sv.astype(np.float64)[None, :]), -qmax, qmax).astype(np.int8)
+    return su.astype("<f2").tobytes() + uq.tobytes() + sv.astype("<f2").tobytes() + vq.tobytes()
+
+
+class blas_single_thread:
+    """Context manager: run OpenBLAS single-threaded (best effort, restored on exit).
+
+    The fit is many small products; on a loaded machine OpenBLAS's thread pool makes them
+    4x slower, and the planner already parallelizes over tensors.
+    """
+
+    _lib = None
+    _searched = False
+
+    def __enter__(self) -> blas_single_thread:
+        lib = self._find()
+        self._previous = None
+        if lib is not None:
+            try:
+                self._previous = lib[0]()
+                lib[1](1)
+            except Exception:  # pragma: no cover - a foreign BLAS build
+                self._previous = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        lib = self._find()
+        if lib is not None and self._previous:
+            try:
+                lib[1](int(self._previous))
+            except Exception:  # pragma: no cover
+                pass
+
+    @classmethod
+    def _find(cls):
+        if cls._searched:
+            return cls._lib
+        cls._searched = True
+        import ctypes
+
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+        except OSError:
+            return None
+        for path in sorted(paths):
+            try:
+                dll = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix in ("scipy_openblas", "openblas"):
+                for suffix in ("64_", ""):
+                    get = getattr(dll, f"{prefix}_get_num_threads{suffix}", None)
+                    put = getattr(dll, f"{prefix}_set_num_threads{suffix}", None)
+                    if get is not None and put is not None:
+                        get.restype = ctypes.c_int
+                        put.argtypes = [ctypes.c_int]
+                        cls._lib = (get, put)
+                        return cls._lib
+        return None
