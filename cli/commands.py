@@ -198,4 +198,9 @@ def fetch_sample(name: str, cache: str | None) -> None:
 
 
 # Command groups living in their own modules register themselves on `cli`.
-from . import delta_commands, release_commands, run_commands  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    build_commands,
+    delta_commands,
+    release_commands,
+    run_commands,
+)
