@@ -19,9 +19,11 @@ Each measured command runs in its own subprocess, so peak RSS is that of the wor
 (``resource.getrusage(RUSAGE_CHILDREN)`` after it ends, read in a one-job wrapper).
 
     python bench/delta.py [--quick] [--encodings int4,int8] [--scenarios abcde]
-                          [--workdir DIR] [--json OUT.json]
+                          [--workdir DIR] [--json OUT.json] [--no-cache]
 
-``--quick`` skips bsdiff4 and xdelta3 (bsdiff4 takes minutes and GiBs per pair).
+``--quick`` skips bsdiff4 and xdelta3 (bsdiff4 takes minutes and GiBs per pair). The
+other tools' results are cached in the workdir by the SHA-256 of both packages, so a
+re-run only re-measures ours (``--no-cache`` re-measures everything).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import asdict, dataclass
@@ -533,7 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip bsdiff4 and xdelta3")
     ap.add_argument("--encodings", default="int4,int8")
     ap.add_argument("--scenarios", default="abcde")
-    ap.add_argument("--workdir", default="bench-delta-work", type=Path)
+    ap.add_argument(
+        "--workdir",
+        default=Path(tempfile.gettempdir()) / "edgepack-bench-delta",
+        type=Path,
+        help="packages, deltas and cached tool results (default: %(default)s)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument(
         "--no-cache",

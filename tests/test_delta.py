@@ -434,3 +434,58 @@ def test_patcher_imports_only_the_device_stack() -> None:
     loaded = set(json.loads(out.stdout))
     forbidden = ("edgepack.server", "edgepack.packager", "edgepack.cli", "click", "boto3", "rich")
     assert not [m for m in loaded for f in forbidden if m == f or m.startswith(f + ".")]
+
+
+@pytest.mark.parametrize(
+    "encoding", [Encoding.INT8_CHANNEL, Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM]
+)
+def test_predictions_equal_the_reference_encoder(encoding: Encoding) -> None:
+    """On finite weights, the patcher's predicted scales/zeros/codes are exactly what
+    edgepack.format.codecs writes (spec section 4): re-encodes cost nothing."""
+    from edgepack.format import codecs
+    from edgepack.format.delta.predict import predict_codes, predict_part
+
+    rng = np.random.default_rng(int(encoding))
+    w = (rng.standard_normal((24, 64)) * 0.1).astype(np.float32)
+    w[3, :5] = 0  # zero runs and an all-zero group
+    w[5, :32] = 0
+    if encoding == Encoding.INT8_CHANNEL:
+        codes, scales = codecs.quantize_int8_channel(w)
+        zeros, group = None, 0
+    else:
+        group = 32
+        codes, scales, zeros = codecs.quantize_int4_group(
+            w, group, encoding == Encoding.INT4_GROUP_SYM
+        )
+    assert predict_part(w, encoding, group, 1).tobytes() == scales.tobytes()
+    if zeros is not None:
+        assert predict_part(w, encoding, group, 2).tobytes() == zeros.tobytes()
+    zb = zeros.tobytes() if zeros is not None else None
+    assert predict_codes(w, encoding, group, scales.tobytes(), zb).tobytes() == codes.tobytes()
+
+
+def test_factors_references_are_checked(pair) -> None:
+    """A prediction may only use a FACTORS op that comes earlier and has its shape."""
+    from dataclasses import replace
+
+    from edgepack.format.delta.container import Codec, Op, Stream, validate
+
+    _, _, _, delta, _ = pair
+    with DeltaFile.open(delta) as df:
+        h = df.header
+    i, op = next((i, op) for i, op in enumerate(h.ops) if op.prediction is not None)
+    rows, cols = op.prediction.rows, op.prediction.cols
+
+    def with_factors(position: int, factor_cols: int):
+        fop = Op(OpKind.FACTORS, 0, 0, stream=len(h.streams), rows=rows, cols=factor_cols, rank=2)
+        stream = Stream(Codec.STORED, fop.factor_bytes, fop.factor_bytes)
+        ops = list(h.ops)
+        ops.insert(position, fop)
+        j, k = ops.index(fop), ops.index(op)
+        ops[k] = replace(op, prediction=replace(op.prediction, factors=j + 1))
+        return replace(h, ops=tuple(ops), streams=(*h.streams, stream))
+
+    validate(with_factors(i, cols))  # right before its user, right shape: fine
+    for bad in (with_factors(i + 1, cols), with_factors(i, cols + 1)):
+        with pytest.raises(CorruptDeltaError, match="not an earlier FACTORS op"):
+            validate(bad)
