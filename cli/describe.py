@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -94,9 +95,7 @@ def describe_header(pkg: Package) -> str:
     per_enc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     total_params = 0
     for t in h.tensors:
-        n = 1
-        for d in t.shape:
-            n *= d
+        n = math.prod(t.shape)
         if t.encoding != Encoding.LOW_RANK:
             total_params += n
         row = per_enc[_encoding_label(t)]

@@ -8,6 +8,7 @@ unless told otherwise, as llama.cpp's Q4_0 does, because they dominate the error
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,10 +84,7 @@ def plan_encodings(
             elif base.encoding.is_group:
                 choice, reason = EncodingChoice(Encoding.INT8_CHANNEL), "embedding/head int8"
         if choice.encoding.is_group:
-            cols = 1
-            for d in t.shape[1:]:
-                cols *= d
-            choice, fit_reason = _fit_group(choice, cols)
+            choice, fit_reason = _fit_group(choice, math.prod(t.shape[1:]))
             if fit_reason != "uniform":
                 reason = fit_reason
         plans.append(TensorPlan(t.name, choice, reason))
@@ -135,7 +133,7 @@ def convert(
     )
     ops = required_operators(source.architecture, {p.choice.encoding for p in plans})
     if on_start:
-        on_start(sum(_numel(t.shape) for t in source.tensors))
+        on_start(sum(math.prod(t.shape) for t in source.tensors))
     tensor_bytes: dict[str, int] = {}
     with PackageWriter(
         out,
@@ -159,7 +157,7 @@ def convert(
             tensor_bytes[label] = tensor_bytes.get(label, 0) + entry.nbytes
             del encoded
             if on_tensor:
-                on_tensor(tensor.name, _numel(tensor.shape))
+                on_tensor(tensor.name, math.prod(tensor.shape))
         _add_sections(writer, source, plans)
         writer.finish(signing_keys)
     return ConvertResult(Path(out), plans, tensor_bytes)
@@ -199,9 +197,3 @@ def _add_sections(writer: PackageWriter, source: SourceModel, plans: list[Tensor
         media_type="application/json",
     )
 
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
