@@ -775,7 +775,14 @@ def test_gil_released_during_matmul(threads: None) -> None:
     try:
         codes, scales, _ = make_weight("int8", 2048, 2048, 0)
         w = k.Weight(codes, scales, None, "int8")
-        xq, xs = q8_inputs(2048, 48, 0)
+        # Size the call to ~0.2 s on this machine, so the check means something on a fast,
+        # idle CPU as well as on a loaded one.
+        xq, xs = q8_inputs(2048, 8, 0)
+        t0 = time.perf_counter()
+        k.linear_q8(xq, xs, 0, w)
+        per_token = (time.perf_counter() - t0) / 8
+        tokens = int(min(4096, max(48, 0.2 / max(per_token, 1e-6))))
+        xq, xs = q8_inputs(2048, tokens, 0)
         span: list[float] = []
         done = threading.Event()
 
