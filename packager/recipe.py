@@ -8,7 +8,7 @@ encodings, regexes, budgets), so a bad recipe fails before minutes of calibratio
 .. code-block:: toml
 
     [quantize]
-    encodings = ["int4", "int4-asym", "int3", "int3-asym", "int2-asym", "int8"]
+    encodings = ["int4", "int4-asym", "int3", "int3-asym", "int8"]  # also "int2-asym"
     group_sizes = [32, 64]          # crossed with the group kinds above
     algorithm = "gptq"              # "rtn" or "gptq"
     act_order = true                # GPTQ: columns in decreasing Hessian diagonal order
@@ -94,7 +94,7 @@ class RecipeError(EdgepackError):
 
 @dataclass(frozen=True)
 class QuantizeSpec:
-    encodings: tuple[str, ...] = ("int4", "int4-asym", "int3", "int3-asym", "int2-asym", "int8")
+    encodings: tuple[str, ...] = ("int4", "int4-asym", "int3", "int3-asym", "int8")
     group_sizes: tuple[int, ...] = (32, 64)
     algorithm: str = "gptq"
     act_order: bool = True
