@@ -196,4 +196,3 @@ def _add_sections(writer: PackageWriter, source: SourceModel, plans: list[Tensor
         name="plan",
         media_type="application/json",
     )
-

@@ -19,7 +19,7 @@ from deltafactory import ModelSpec, TensorSpec, dequantized, rewrite_header, spl
 
 from edgepack.format import EdgepackError, Encoding
 from edgepack.format.delta import apply_delta
-from edgepack.format.delta.container import OpKind, RefKind, Stream, encode_header
+from edgepack.format.delta.container import OpKind, RefKind, Shuffle, Stream, encode_header
 from edgepack.server.delta import DeltaOptions, create_delta
 
 ITERATIONS = 3000
@@ -84,7 +84,8 @@ def test_corpus_covers_every_op_shape(corpus) -> None:
     assert kinds == {OpKind.ZERO, OpKind.COPY, OpKind.DATA, OpKind.FACTORS}
     assert refs >= {RefKind.NONE, RefKind.PREDICTED}
     assert any(s.dict_length for s in h.streams)
-    assert any(op.shuffle for op in h.ops)
+    shuffles = {op.shuffle for op in h.ops if op.kind == OpKind.DATA}
+    assert {Shuffle.SPARSE, Shuffle.PLANES} <= shuffles, shuffles
 
 
 def _mutate_int(rng: np.random.Generator, value: int) -> int:
@@ -131,6 +132,9 @@ def _structured(raw: bytes, rng: np.random.Generator) -> bytes:
                 "shuffle",
                 "ref_kind",
                 "ref_offset",
+                "aux_stream",
+                "positions_length",
+                "values_length",
             ]
             f = names[int(rng.integers(len(names)))]
             ops[i] = dataclasses.replace(op, **{f: _mutate_int(rng, getattr(op, f))})

@@ -30,6 +30,7 @@ from .container import (
     OpKind,
     Part,
     RefKind,
+    Shuffle,
     decode_header,
     header_digest,
     validate,
@@ -49,6 +50,7 @@ from .transforms import combine
 __all__ = ["ApplyReport", "DeltaFile", "apply_delta"]
 
 CHUNK = 1 << 20  # bytes per copy / combine / hash step
+_AUX_MODES = (Shuffle.SPARSE, Shuffle.PLANES)  # DATA ops reading a second stream
 ROW_BLOCK_ELEMENTS = 1 << 18  # elements per prediction step (~1 MiB of float32)
 _PRE_LEN = 128
 
@@ -291,6 +293,8 @@ class _Runner:
         for i, op in enumerate(self.h.ops):
             if op.kind in (OpKind.DATA, OpKind.FACTORS):
                 self._last_use[op.stream] = i
+            if op.kind == OpKind.DATA and op.shuffle in _AUX_MODES:
+                self._last_use[op.aux_stream] = i
             if op.prediction is not None and op.prediction.factors:
                 self._factors_last_use[op.prediction.factors - 1] = i
 
@@ -315,8 +319,9 @@ class _Runner:
                 decoder.read(op.factor_bytes)
             self._done_with_stream(i, op.stream)
             return
-        elem = op.width // 8 if op.shuffle else 1
-        residual = ResidualReader(decoder, op.length, elem)
+        has_aux = op.shuffle in _AUX_MODES
+        aux = self._decoder(op.aux_stream) if has_aux else None
+        residual = ResidualReader(decoder, op.length, op.elem_bytes, op.shuffle, aux)
         if op.ref_kind == RefKind.PREDICTED:
             self._predicted(op, residual)
         else:
@@ -329,8 +334,12 @@ class _Runner:
                 _pwrite_all(
                     self.out_fd, combine(res, ref, op.combine, op.width), op.target_offset + pos
                 )
+        if residual.stream_bytes != op.stream_bytes or residual.aux_bytes != op.aux_bytes:
+            raise CorruptDeltaError(f"delta op {i}: residual does not fill its stream bytes")
         self.decoded += op.length
         self._done_with_stream(i, op.stream)
+        if has_aux and op.aux_stream != op.stream:
+            self._done_with_stream(i, op.aux_stream)
         if op.prediction is not None and op.prediction.factors:
             j = op.prediction.factors - 1
             if self._factors_last_use.get(j) == i:

@@ -36,6 +36,7 @@ __all__ = [
     "Part",
     "Prediction",
     "RefKind",
+    "Shuffle",
     "Stream",
     "decode_header",
     "encode_header",
@@ -64,6 +65,7 @@ MAX_FACTOR_SIDE = 1 << 22  # rank * rows and rank * cols of one FACTORS op
 MAX_LIVE_FACTOR_BYTES = 256 << 20  # FACTORS data a patcher holds at any one time
 MAX_PREDICTED_COLS = 1 << 24  # one row of a prediction is held in float32
 SHUFFLE_BLOCK = 1 << 20
+SPARSE_BLOCK_HEADER = 8  # u32 count, u32 gap bytes
 KNOWN_FEATURES = 0  # bit set of required_features this reader implements
 
 _PRE = struct.Struct("<8sHHIQQQQQQ32s")  # 96 bytes; the rest of the 128 is reserved
@@ -81,6 +83,13 @@ class OpKind:
 class Codec:
     STORED = 0
     ZSTD = 1
+
+
+class Shuffle:
+    NONE = 0
+    BYTES = 1  # byte planes per SHUFFLE_BLOCK
+    SPARSE = 2  # positions (stream) and values (aux stream) of the non-zero bytes
+    PLANES = 3  # byte planes; plane 0 from the stream, the others from the aux stream
 
 
 class Combine:
@@ -179,6 +188,32 @@ class Op:
     rows: int = 0  # FACTORS
     cols: int = 0
     rank: int = 0
+    # DATA with Shuffle.SPARSE or PLANES: a second stream (sparse values, high planes)
+    aux_stream: int = 0
+    positions_length: int = 0  # SPARSE: bytes of block heads and gaps (from ``stream``)
+    values_length: int = 0  # SPARSE: non-zero bytes (from ``aux_stream``)
+
+    @property
+    def elem_bytes(self) -> int:
+        return max(self.width // 8, 1)
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes a DATA op takes from ``stream``."""
+        if self.shuffle == Shuffle.SPARSE:
+            return self.positions_length
+        if self.shuffle == Shuffle.PLANES:
+            return self.length // self.elem_bytes
+        return self.length
+
+    @property
+    def aux_bytes(self) -> int:
+        """Bytes a DATA op takes from ``aux_stream``."""
+        if self.shuffle == Shuffle.SPARSE:
+            return self.values_length
+        if self.shuffle == Shuffle.PLANES:
+            return self.length - self.length // self.elem_bytes
+        return 0
 
     @property
     def target_end(self) -> int:
@@ -349,6 +384,10 @@ def _op_fields(op: Op) -> list[int]:
             if op.prediction is None:
                 raise ValueError("predicted op without a prediction")
             fields += list(op.prediction.fields())
+        if op.shuffle == Shuffle.SPARSE:
+            fields += [op.aux_stream, op.positions_length, op.values_length]
+        elif op.shuffle == Shuffle.PLANES:
+            fields.append(op.aux_stream)
     return fields
 
 
@@ -477,6 +516,11 @@ def _decode_op(rec: _Reader) -> Op:
         prediction = Prediction(*(rec.varint() for _ in range(13)))
     elif ref_kind != RefKind.NONE:
         raise UnsupportedDeltaError(f"delta uses reference kind {ref_kind}, unknown here")
+    aux = (0, 0, 0)
+    if shuffle == Shuffle.SPARSE:
+        aux = (rec.varint(), rec.varint(), rec.varint())
+    elif shuffle == Shuffle.PLANES:
+        aux = (rec.varint(), 0, 0)
     return Op(
         kind,
         target_offset,
@@ -488,6 +532,9 @@ def _decode_op(rec: _Reader) -> Op:
         ref_kind=ref_kind,
         ref_offset=ref_offset,
         prediction=prediction,
+        aux_stream=aux[0],
+        positions_length=aux[1],
+        values_length=aux[2],
     )
 
 
@@ -612,17 +659,30 @@ def _check_op(i: int, op: Op, h: DeltaHeader, consumed: list[int]) -> None:
         return
     if op.stream >= len(h.streams):
         raise CorruptDeltaError(f"{where} names stream {op.stream} of {len(h.streams)}")
-    consumed[op.stream] += op.length
+    consumed[op.stream] += op.stream_bytes
     if op.combine not in (Combine.LITERAL, Combine.XOR, Combine.ADD):
         raise UnsupportedDeltaError(f"{where} uses combine mode {op.combine}, unknown here")
     if op.width not in _WIDTHS:
         raise UnsupportedDeltaError(f"{where} uses element width {op.width}, unknown here")
-    if op.shuffle not in (0, 1):
+    if op.shuffle not in (Shuffle.NONE, Shuffle.BYTES, Shuffle.SPARSE, Shuffle.PLANES):
         raise UnsupportedDeltaError(f"{where} uses shuffle mode {op.shuffle}, unknown here")
-    elem = max(op.width // 8, 1)
-    if op.shuffle and op.width < 16:
+    elem = op.elem_bytes
+    if op.shuffle == Shuffle.SPARSE:
+        heads = SPARSE_BLOCK_HEADER * -(-op.length // SHUFFLE_BLOCK)
+        if not (
+            op.values_length <= op.length
+            and op.values_length + heads <= op.positions_length <= 3 * op.values_length + heads
+        ):
+            raise CorruptDeltaError(f"{where}: sparse residual sizes are impossible")
+    elif op.shuffle in (Shuffle.BYTES, Shuffle.PLANES) and op.width < 16:
         raise CorruptDeltaError(f"{where}: byte shuffle needs 16- or 32-bit elements")
-    if (op.shuffle or op.combine == Combine.ADD) and op.length % elem:
+    if op.shuffle in (Shuffle.SPARSE, Shuffle.PLANES):
+        if op.aux_stream >= len(h.streams):
+            raise CorruptDeltaError(f"{where} names stream {op.aux_stream} of {len(h.streams)}")
+        consumed[op.aux_stream] += op.aux_bytes
+    if (op.shuffle in (Shuffle.BYTES, Shuffle.PLANES) or op.combine == Combine.ADD) and (
+        op.length % elem
+    ):
         raise CorruptDeltaError(f"{where}: length is not a whole number of elements")
     if (op.combine == Combine.LITERAL) != (op.ref_kind == RefKind.NONE):
         raise CorruptDeltaError(f"{where}: combine mode and reference disagree")

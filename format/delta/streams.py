@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
-from .container import MAX_ZSTD_WINDOW, SHUFFLE_BLOCK, Codec, Stream
+from .container import MAX_ZSTD_WINDOW, SHUFFLE_BLOCK, Codec, Shuffle, Stream
 from .errors import CorruptDeltaError
-from .transforms import unshuffle_block
+from .transforms import sparse_block, unshuffle_block
 
 __all__ = ["ResidualReader", "StreamDecoder"]
 
@@ -110,27 +110,57 @@ class StreamDecoder:
 
 
 class ResidualReader:
-    """The residual of one DATA op: ``length`` bytes of a stream, byte shuffle undone."""
+    """The residual of one DATA op: ``length`` bytes, decoded from its stream (byte
+    shuffle undone, or sparse blocks expanded) one 2^20-byte block at a time."""
 
-    def __init__(self, stream: StreamDecoder, length: int, elem: int) -> None:
+    def __init__(
+        self,
+        stream: StreamDecoder,
+        length: int,
+        elem: int,
+        mode: int = Shuffle.NONE,
+        aux: StreamDecoder | None = None,
+    ) -> None:
         self._stream = stream
-        self._left = length  # bytes not yet taken from the stream
+        self._aux = aux  # SPARSE: the non-zero bytes; PLANES: the planes after the first
+        self._mode = mode
+        self._left = length  # residual bytes not yet decoded
         self._elem = elem
         self._pending = np.empty(0, np.uint8)
+        self.stream_bytes = 0  # taken from ``stream`` so far
+        self.aux_bytes = 0  # taken from ``aux`` so far
+
+    def _take(self, n: int) -> bytes:
+        self.stream_bytes += n
+        return self._stream.read(n)
+
+    def _take_aux(self, n: int) -> bytes:
+        assert self._aux is not None
+        self.aux_bytes += n
+        return self._aux.read(n)
+
+    def _next_block(self) -> np.ndarray:
+        size = min(SHUFFLE_BLOCK, self._left)
+        if size <= 0:
+            raise CorruptDeltaError("delta op reads past its residual")
+        self._left -= size
+        if self._mode == Shuffle.SPARSE:
+            return sparse_block(self._take, self._take_aux, size)
+        if self._mode == Shuffle.PLANES:
+            first = self._take(size // self._elem)
+            block = np.frombuffer(first + self._take_aux(size - len(first)), np.uint8)
+        else:
+            block = np.frombuffer(self._take(size), np.uint8)
+        return unshuffle_block(block, self._elem)
 
     def read(self, n: int) -> np.ndarray:
-        if self._elem <= 1:
+        if self._mode == Shuffle.NONE:
             self._left -= n
-            return np.frombuffer(self._stream.read(n), np.uint8)
+            return np.frombuffer(self._take(n), np.uint8)
         parts, have = [], 0
         while have < n:
             if not self._pending.size:
-                size = min(SHUFFLE_BLOCK, self._left)
-                if size <= 0:
-                    raise CorruptDeltaError("delta op reads past its residual")
-                block = np.frombuffer(self._stream.read(size), np.uint8)
-                self._left -= size
-                self._pending = unshuffle_block(block, self._elem)
+                self._pending = self._next_block()
             take = min(n - have, self._pending.size)
             parts.append(self._pending[:take])
             self._pending = self._pending[take:]

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .container import SHUFFLE_BLOCK, Combine
+from .container import SHUFFLE_BLOCK, SPARSE_BLOCK_HEADER, Combine
+from .errors import CorruptDeltaError
 
-__all__ = ["combine", "residual_of", "shuffle", "unshuffle_block"]
+__all__ = [
+    "combine",
+    "planes",
+    "residual_of",
+    "shuffle",
+    "sparse_block",
+    "sparsify",
+    "unshuffle_block",
+    "varints",
+]
 
 _UINT = {8: np.dtype("u1"), 16: np.dtype("<u2"), 32: np.dtype("<u4")}
 
@@ -86,8 +96,88 @@ def shuffle(data: np.ndarray, elem: int) -> np.ndarray:
     return out
 
 
+def planes(data: np.ndarray, elem: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`shuffle` split in two: plane 0 of every block, and the other planes."""
+    data = np.ascontiguousarray(data, dtype=np.uint8).ravel()
+    first, rest = [], []
+    for start in range(0, data.size, SHUFFLE_BLOCK):
+        block = data[start : start + SHUFFLE_BLOCK].reshape(-1, elem).T
+        first.append(block[0])
+        rest.append(block[1:].ravel())
+    return np.concatenate(first), np.concatenate(rest)
+
+
 def unshuffle_block(block: np.ndarray, elem: int) -> np.ndarray:
     """Inverse of one block of :func:`shuffle`."""
     if elem <= 1:
         return block
     return np.ascontiguousarray(block.reshape(elem, -1).T).ravel()
+
+
+# ------------------------------------------------------------------ sparse residuals
+#
+# A residual that is mostly zero (a re-quantized fine-tune moves a few percent of the
+# codes) costs zstd far more than its entropy; stored as the positions (LEB128 gaps) and
+# values of its non-zero bytes, zstd's entropy stage sees two dense, skewed alphabets.
+
+_MAX_VARINT = 3  # gaps inside a 2^20-byte block are < 2^21
+
+
+def _varint_bytes(values: np.ndarray) -> np.ndarray:
+    """LEB128 of each value (< 2^21), concatenated."""
+    v = values.astype(np.uint32)
+    n = 1 + (v >= 1 << 7).astype(np.int64) + (v >= 1 << 14)
+    starts = np.cumsum(n) - n
+    k = np.arange(int(n.sum())) - np.repeat(starts, n)
+    out = (np.repeat(v, n) >> (7 * k).astype(np.uint32)) & np.uint32(0x7F)
+    out |= np.where(k < np.repeat(n, n) - 1, np.uint32(0x80), np.uint32(0))
+    return out.astype(np.uint8)
+
+
+def varints(buf: np.ndarray, count: int) -> np.ndarray:
+    """Exactly ``count`` LEB128 values of at most 3 bytes filling ``buf`` (int64)."""
+    ends = np.flatnonzero(buf < 0x80)
+    if ends.size != count or (count and ends[-1] != buf.size - 1) or (not count and buf.size):
+        raise CorruptDeltaError("sparse residual: gap list does not hold its count")
+    if not count:
+        return np.empty(0, np.int64)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts + 1
+    if int(lens.max()) > _MAX_VARINT:
+        raise CorruptDeltaError("sparse residual: gap too long")
+    k = np.arange(buf.size) - np.repeat(starts, lens)
+    parts = (buf.astype(np.int64) & 0x7F) << (7 * k)
+    return np.add.reduceat(parts, starts)
+
+
+def sparsify(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, values)``: per 2^20-byte block, positions get a u32 count, u32 gap
+    bytes and the gaps; values get the block's non-zero bytes."""
+    residual = np.ascontiguousarray(residual, dtype=np.uint8).ravel()
+    heads: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for start in range(0, max(residual.size, 1), SHUFFLE_BLOCK):
+        block = residual[start : start + SHUFFLE_BLOCK]
+        pos = np.flatnonzero(block)
+        gap_bytes = _varint_bytes(np.diff(pos, prepend=-1) - 1)
+        heads += [np.array([pos.size, gap_bytes.size], "<u4").view(np.uint8), gap_bytes]
+        values.append(block[pos])
+    return np.concatenate(heads), np.concatenate(values)
+
+
+def sparse_block(read_positions, read_values, length: int) -> np.ndarray:
+    """One block (``length`` residual bytes) of :func:`sparsify` output, pulled from the
+    two ``read(n) -> bytes`` callables; every count and position is checked before use."""
+    head = np.frombuffer(read_positions(SPARSE_BLOCK_HEADER), "<u4")
+    count, gap_len = int(head[0]), int(head[1])
+    if count > length or not count <= gap_len <= _MAX_VARINT * count:
+        raise CorruptDeltaError("sparse residual: impossible block counts")
+    pos = np.cumsum(varints(np.frombuffer(read_positions(gap_len), np.uint8), count) + 1) - 1
+    values = np.frombuffer(read_values(count), np.uint8)
+    if count and (int(pos[-1]) >= length or not values.all()):
+        raise CorruptDeltaError("sparse residual: position out of range or zero value")
+    out = np.zeros(length, np.uint8)
+    out[pos] = values
+    return out

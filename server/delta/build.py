@@ -51,13 +51,14 @@ from edgepack.format.delta.container import (
     Part,
     Prediction,
     RefKind,
+    Shuffle,
     Stream,
     encode_header,
     header_digest,
     validate,
 )
 from edgepack.format.delta.predict import BaseRows, Factors, predict_codes, predict_part
-from edgepack.format.delta.transforms import residual_of, shuffle
+from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.layout import tensor_layout
 from edgepack.format.signing import build_signature_block
@@ -72,6 +73,7 @@ _HASH_CHUNK = 8 << 20
 _MAX_WINDOW_LOG = 27  # the patcher accepts windows up to 2^27 (spec)
 _RESIDUAL_WINDOW_LOG = 21
 _OWN_STREAM_COST = 48  # bytes: frame header, block headers, Huffman tables, stream record
+_SPARSE_MAX_DENSITY = 0.25  # non-zero byte share above which a sparse residual never wins
 _FACTOR_QMAX = (15, 31)  # precisions tried for FACTORS codes
 
 
@@ -114,6 +116,8 @@ class _Choice:
     method: str = ""
     probe_size: int = 0
     factors_of: _Choice | None = None  # the FACTORS choice a predicted op uses
+    aux: np.ndarray | None = None  # SPARSE: the non-zero bytes; PLANES: the high planes
+    aux_class: str = ""
 
 
 def _elem_width(dtype: np.dtype, encoding: Encoding, part: int) -> int:
@@ -200,6 +204,8 @@ class _Planner:
                     c.probe_size = self._probe(c.residual, d)
                 else:
                     c.probe_size = self._probe(c.residual)
+                if c.aux is not None:
+                    c.probe_size += self._probe(c.aux)
         # a candidate with a stream of its own pays a frame and entropy tables that a
         # shared stream amortizes; ties go to the earlier (cheaper to apply) candidate
         return min(cands, key=lambda c: c.probe_size + (_OWN_STREAM_COST if c.dict_span[1] else 0))
@@ -222,35 +228,31 @@ class _Planner:
             ref = self.old_bytes(base_span)
             base_ref = dict(ref_kind=RefKind.BASE, ref_offset=base_span.offset)
             xor = residual_of(target, ref, Combine.XOR, 8)
-            cands.append(
-                _Choice(
-                    Op(OpKind.DATA, span.offset, span.length, combine=Combine.XOR, **base_ref),
-                    xor,
-                    f"{klass}/xor",
-                    method="xor",
-                )
+            xor_choice = _Choice(
+                Op(OpKind.DATA, span.offset, span.length, combine=Combine.XOR, **base_ref),
+                xor,
+                f"{klass}/xor",
+                method="xor",
             )
+            cands += [xor_choice, *_sparse_variant(xor_choice, xor)]
             add_ok = width == 4 or span.length % max(1, width // 8) == 0
             if add_ok:
-                res = residual_of(target, ref, Combine.ADD, width)
-                if shuf:
-                    res = shuffle(res, elem)
-                cands.append(
-                    _Choice(
-                        Op(
-                            OpKind.DATA,
-                            span.offset,
-                            span.length,
-                            combine=Combine.ADD,
-                            width=width,
-                            shuffle=shuf,
-                            **base_ref,
-                        ),
-                        res,
-                        f"{klass}/add{width}",
-                        method=f"add{width}",
-                    )
+                raw = residual_of(target, ref, Combine.ADD, width)
+                add_choice = _Choice(
+                    Op(
+                        OpKind.DATA,
+                        span.offset,
+                        span.length,
+                        combine=Combine.ADD,
+                        width=width,
+                        shuffle=shuf,
+                        **base_ref,
+                    ),
+                    shuffle(raw, elem) if shuf else raw,
+                    f"{klass}/add{width}",
+                    method=f"add{width}",
                 )
+                cands += [_as_planes(add_choice, raw), *_sparse_variant(add_choice, raw)]
         if span.length <= self.opt.dict_limit and base_span.length <= self.opt.dict_limit:
             cands.append(
                 _Choice(
@@ -366,10 +368,11 @@ class _Planner:
                     continue
                 width = _elem_width(dtypes[k].dtype, t.encoding, k)
                 klass = f"{('codes', 'scales', 'zeros')[k]}{width}"
-                (c,) = self._predicted(t, b, k, span, width, klass + "f", corrected)
-                c.factors_of = fchoice
-                c.method += "+factors"
-                choices.append(self._best([c]))
+                cands = self._predicted(t, b, k, span, width, klass + "f", corrected)
+                for c in cands:
+                    c.factors_of = fchoice
+                    c.method += "+factors"
+                choices.append(self._best(cands))
             cost = fchoice.probe_size + _cost(choices)
             if best is None or cost < best[0]:
                 best = (cost, choices)
@@ -420,10 +423,9 @@ class _Planner:
             ref = predict_part(w, t.encoding, t.group_size, part)
         target = self.new_bytes(span)
         elem = width // 8 if width >= 16 else 1
-        res = residual_of(target, ref, Combine.ADD, width)
+        raw = residual_of(target, ref, Combine.ADD, width)
         shuf = 1 if elem > 1 else 0
-        if shuf:
-            res = shuffle(res, elem)
+        res = shuffle(raw, elem) if shuf else raw
         op = Op(
             OpKind.DATA,
             span.offset,
@@ -434,7 +436,8 @@ class _Planner:
             ref_kind=RefKind.PREDICTED,
             prediction=pred,
         )
-        return [_Choice(op, res, f"p{klass}", method=f"predict-add{width}")]
+        dense = _Choice(op, res, f"p{klass}", method=f"predict-add{width}")
+        return [_as_planes(dense, raw), *_sparse_variant(dense, raw)]
 
     def head_choices(self) -> list[_Choice]:
         """Preamble and header of the target: zstd with the old ones as dictionary.
@@ -529,6 +532,48 @@ def _fb_vector(buf: bytes, field_index: int) -> tuple[int, int] | None:
     if vec + 4 + 4 * count > len(buf):
         return None
     return vec + 4, count
+
+
+def _sparse_variant(dense: _Choice, raw: np.ndarray) -> list[_Choice]:
+    """The same op with its residual stored sparse (spec section 4), when few of its
+    bytes are non-zero: a re-quantized fine-tune moves a few percent of the codes, and
+    zstd spends several times their entropy on the long zero runs between them."""
+    if np.count_nonzero(raw) > raw.size * _SPARSE_MAX_DENSITY:
+        return []
+    positions, values = sparsify(raw)
+    op = dataclasses.replace(
+        dense.op,
+        shuffle=Shuffle.SPARSE,
+        positions_length=positions.size,
+        values_length=values.size,
+    )
+    klass = f"{dense.stream_class}/sparse"
+    return [
+        _Choice(
+            op,
+            positions,
+            f"{klass}/positions",
+            method=f"{dense.method}-sparse",
+            aux=values,
+            aux_class=f"{klass}/values",
+        )
+    ]
+
+
+def _as_planes(dense: _Choice, raw: np.ndarray) -> _Choice:
+    """A byte-shuffled op with its planes split over two streams (spec section 4); any
+    other op unchanged. Streams are shared by all ops of a class, and one stream per
+    plane kind keeps zstd's entropy tables from mixing the near-uniform low bytes of
+    the residuals with their near-constant high bytes (a per-op probe cannot see that)."""
+    elem = dense.op.elem_bytes
+    if dense.op.shuffle != Shuffle.BYTES or elem < 2:
+        return dense
+    first, rest = planes(raw, elem)
+    op = dataclasses.replace(dense.op, shuffle=Shuffle.PLANES)
+    klass = f"{dense.stream_class}/planes"
+    return _Choice(
+        op, first, f"{klass}/0", method=f"{dense.method}-planes", aux=rest, aux_class=f"{klass}/1+"
+    )
 
 
 def _cost(choices: list[_Choice]) -> int:
@@ -788,6 +833,15 @@ def _assemble(choices: list[_Choice], planner: _Planner, opt: DeltaOptions):
                 stream_dicts.append(c.dict_span)
             stream_parts[index].append(c.residual)
             op = _with_stream(op, index)
+            if c.aux is not None:
+                akey = (c.aux_class, (0, 0))
+                aindex = class_index.get(akey)
+                if aindex is None:
+                    aindex = class_index[akey] = len(stream_parts)
+                    stream_parts.append([])
+                    stream_dicts.append((0, 0))
+                stream_parts[aindex].append(c.aux)
+                op = dataclasses.replace(op, aux_stream=aindex)
         ops.append(op)
 
     def encode(i: int) -> tuple[Stream, bytes]:
