@@ -19,7 +19,7 @@ from deltafactory import ModelSpec, TensorSpec, dequantized, rewrite_header, spl
 
 from edgepack.format import EdgepackError, Encoding
 from edgepack.format.delta import apply_delta
-from edgepack.format.delta.container import OpKind, RefKind, Shuffle, Stream, encode_header
+from edgepack.format.delta.container import Codec, OpKind, RefKind, Shuffle, Stream, encode_header
 from edgepack.server.delta import DeltaOptions, create_delta
 
 ITERATIONS = 3000
@@ -84,6 +84,7 @@ def test_corpus_covers_every_op_shape(corpus) -> None:
     assert kinds == {OpKind.ZERO, OpKind.COPY, OpKind.DATA, OpKind.FACTORS}
     assert refs >= {RefKind.NONE, RefKind.PREDICTED}
     assert any(s.dict_length for s in h.streams)
+    assert {s.codec for s in h.streams} >= {Codec.ZSTD, Codec.RANS}
     shuffles = {op.shuffle for op in h.ops if op.kind == OpKind.DATA}
     assert {Shuffle.SPARSE, Shuffle.PLANES} <= shuffles, shuffles
 

@@ -83,6 +83,7 @@ class OpKind:
 class Codec:
     STORED = 0
     ZSTD = 1
+    RANS = 2  # static order-0 rANS (rans.py)
 
 
 class Shuffle:
@@ -630,6 +631,11 @@ def _check_stream(i: int, s: Stream, base_size: int) -> None:
             raise CorruptDeltaError(f"delta stream {i}: dictionary lies outside the base")
         if not s.dict_length and s.dict_offset:
             raise CorruptDeltaError(f"delta stream {i}: dictionary offset without a length")
+    elif s.codec == Codec.RANS:
+        if s.dict_length or s.dict_offset:
+            raise CorruptDeltaError(f"delta stream {i}: a rANS stream has no dictionary")
+        if s.decoded_length and s.blob_length < 6:
+            raise CorruptDeltaError(f"delta stream {i}: rANS blob too short")
     else:
         raise UnsupportedDeltaError(f"delta stream {i} uses codec {s.codec}, unknown here")
 

@@ -13,12 +13,14 @@ import zstandard
 
 from .container import MAX_ZSTD_WINDOW, SHUFFLE_BLOCK, Codec, Shuffle, Stream
 from .errors import CorruptDeltaError
+from .rans import RansDecoder
 from .transforms import sparse_block, unshuffle_block
 
 __all__ = ["ResidualReader", "StreamDecoder"]
 
 _FEED = 128
 _STORED_READ = 1 << 20
+_RANS_READ = 1 << 16
 
 
 class StreamDecoder:
@@ -37,8 +39,15 @@ class StreamDecoder:
         self._produced = 0
         self._buf = bytearray()
         self._obj = None
+        self._rans: RansDecoder | None = None
         if stream.codec == Codec.ZSTD:
             self._obj = self._zstd_object(read_base)
+        elif stream.codec == Codec.RANS:
+            self._rans = RansDecoder(
+                lambda off, n: read_delta(blob_offset + off, n),
+                stream.blob_length,
+                stream.decoded_length,
+            )
 
     def _zstd_object(self, read_base):
         s = self.stream
@@ -68,6 +77,16 @@ class StreamDecoder:
         """Exactly the next ``n`` decoded bytes."""
         if self._produced + n > self.stream.decoded_length:
             raise CorruptDeltaError(f"delta stream {self.index} is read past its end")
+        if self._rans is not None:
+            while len(self._buf) < n:
+                more = self._rans.decode(max(n - len(self._buf), _RANS_READ))
+                if not more:  # unreachable: read() never asks past decoded_length
+                    raise CorruptDeltaError(f"delta stream {self.index} ends early")
+                self._buf += more
+            out = bytes(self._buf[:n])
+            del self._buf[:n]
+            self._produced += n
+            return out
         if self._obj is None:
             data = self._read_delta(self._blob_offset + self._produced, n)
             self._produced += n
@@ -93,6 +112,12 @@ class StreamDecoder:
         s = self.stream
         if self._produced != s.decoded_length:
             raise CorruptDeltaError(f"delta stream {self.index} was not fully used")
+        if self._rans is not None:
+            if self._buf:  # unreachable: decoding stops at decoded_length
+                raise CorruptDeltaError(f"delta stream {self.index} decoded too much")
+            self._rans.finish()
+            self._rans = None
+            return
         if self._obj is None:
             return
         while not self._obj.eof and self._fed < s.blob_length and not self._buf:

@@ -62,6 +62,7 @@ from edgepack.format.delta.transforms import planes, residual_of, shuffle, spars
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.layout import tensor_layout
 from edgepack.format.signing import build_signature_block
+from edgepack.server.delta.entropy import rans_encode
 
 from .lowrank import blas_single_thread, cell_bounds, fit_lowrank, quantize_factors
 
@@ -73,6 +74,7 @@ _HASH_CHUNK = 8 << 20
 _MAX_WINDOW_LOG = 27  # the patcher accepts windows up to 2^27 (spec)
 _RESIDUAL_WINDOW_LOG = 21
 _OWN_STREAM_COST = 48  # bytes: frame header, block headers, Huffman tables, stream record
+_RANS_MIN = 1024  # bytes of a stream below which rANS's lane states cost more than it saves
 _SPARSE_MAX_DENSITY = 0.25  # non-zero byte share above which a sparse residual never wins
 _FACTOR_QMAX = (15, 31)  # precisions tried for FACTORS codes
 
@@ -757,9 +759,15 @@ def _compress(data: bytes, level: int, dict_bytes: bytes | None) -> tuple[int, b
             dict_bytes, dict_type=zstandard.DICT_TYPE_RAWCONTENT
         )
     packed = zstandard.ZstdCompressor(compression_params=params, dict_data=dict_data).compress(data)
-    if len(packed) >= len(data) and not dict_bytes:
-        return Codec.STORED, data
-    return Codec.ZSTD, packed
+    best = (Codec.ZSTD, packed)
+    if not dict_bytes:
+        if len(data) >= _RANS_MIN:  # memoryless residuals: order-0 rANS beats Huffman
+            coded = rans_encode(data)
+            if len(coded) < len(packed):
+                best = (Codec.RANS, coded)
+        if len(best[1]) >= len(data):
+            return Codec.STORED, data
+    return best
 
 
 def create_delta(
