@@ -9,7 +9,16 @@ machine's measured memory bandwidth.
 Packages not given are converted from the sample model once (``$EDGEPACK_CACHE``,
 ``bench-runtime/``). Without ``--llama-bench`` the llama.cpp column shows the figures
 measured on this machine for the issue (build 4748, 2 threads, medians of 3), marked
-as such. Every figure is the median of ``--runs`` runs.
+as such. Every figure is the median of ``--runs`` runs; each run measures every
+configuration in turn (ours, then llama.cpp's), because a shared host's speed drifts by
+more than the differences measured here (tg128 of the same int4 package: 121 to 204
+tok/s within one hour on the issue's machine).
+
+A llama.cpp of the issue's era builds offline from the llama-cpp-python sdist on PyPI:
+``pip download --no-deps --no-binary :all: --no-build-isolation llama-cpp-python==0.3.7``,
+then in its ``vendor/llama.cpp``: ``cmake -B build -DLLAMA_CURL=OFF && cmake --build
+build --target llama-bench llama-quantize``; ``llama-quantize --allow-requantize`` makes
+the Q4_0 / Q8_0 files from the sample's Q4_1 GGUF.
 """
 
 from __future__ import annotations
@@ -141,6 +150,7 @@ def main() -> int:
     bw = measure_bandwidth(args.threads)
     results: dict[tuple[str, str], dict[str, float | str]] = {}
     bytes_per_token: dict[str, int] = {}
+    models = {}
     for key, path in pkgs.items():
         for kernels in args.kernels.split(","):
             try:
@@ -148,28 +158,39 @@ def main() -> int:
             except KernelUnavailableError as exc:
                 results[(key, kernels)] = {"note": str(exc)}
                 continue
-            with model:
-                if kernels == "native" and not model.kernel_path.startswith("native"):
-                    results[(key, kernels)] = {"note": "native kernels unavailable"}
-                    continue
-                bytes_per_token[key] = model.weights.decode_bytes_per_token()
-                prompt64 = _prompt_ids(model, 64)
-                prompt512 = _prompt_ids(model, 512)
-                tg = [_decode(model, prompt64, 128) for _ in range(args.runs)]
-                pp = [_prefill(model, prompt512) for _ in range(args.runs)]
-                results[(key, kernels)] = {
-                    "tg128": statistics.median(tg),
-                    "pp512": statistics.median(pp),
-                    "path": model.kernel_path,
-                }
+            if kernels == "native" and not model.kernel_path.startswith("native"):
+                results[(key, kernels)] = {"note": "native kernels unavailable"}
+                model.close()
+                continue
+            bytes_per_token[key] = model.weights.decode_bytes_per_token()
+            models[(key, kernels)] = model
 
     llama = {k: dict(v) for k, v in LLAMA_REFERENCE.items()}
     source = "issue reference (not measured here)"
+    ggufs = {}
     if args.llama_bench and (args.llama_q4 or args.llama_q8):
-        source = f"measured: {args.llama_bench}"
-        for key, gguf in (("int4", args.llama_q4), ("int8", args.llama_q8)):
-            if gguf:
-                llama[key].update(llama_bench(args.llama_bench, gguf, args.threads, args.runs))
+        source = f"measured side by side: {args.llama_bench}"
+        ggufs = {k: g for k, g in (("int4", args.llama_q4), ("int8", args.llama_q8)) if g}
+    # the machine's speed drifts (shared hosts): every run measures every configuration,
+    # ours and llama.cpp's in turn, and each figure is the median over the runs
+    samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for _ in range(args.runs):
+        for (key, kernels), model in models.items():
+            got = samples.setdefault((key, kernels), {"tg128": [], "pp512": []})
+            got["tg128"].append(_decode(model, _prompt_ids(model, 64), 128))
+            got["pp512"].append(_prefill(model, _prompt_ids(model, 512)))
+        for key, gguf in ggufs.items():
+            got = samples.setdefault((key, "llama.cpp"), {"tg128": [], "pp512": []})
+            for metric, value in llama_bench(args.llama_bench, gguf, args.threads, 1).items():
+                got[metric].append(value)
+    for (key, kernels), model in models.items():
+        results[(key, kernels)] = {
+            **{m: statistics.median(v) for m, v in samples[(key, kernels)].items()},
+            "path": model.kernel_path,
+        }
+        model.close()
+    for key in ggufs:
+        llama[key].update({m: statistics.median(v) for m, v in samples[(key, "llama.cpp")].items()})
 
     print(f"SmolLM2-135M, {args.threads} threads, median of {args.runs} runs")
     print(f"memory bandwidth (numpy read, {args.threads} threads): {bw:.1f} GB/s")

@@ -131,6 +131,9 @@ inline void tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
 
 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// Software prefetch distance of the weight streams, in row tiles (see infer_avx512.cpp).
+constexpr int64_t PF_TILES = 4;
+
 inline float hsum(__m256 v) {
     const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
@@ -224,6 +227,8 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     __m256 acc[NR][TR];
     for (int r = 0; r < NR; ++r) {
         for (int t = 0; t < TR; ++t) acc[r][t] = _mm256_setzero_ps();
+        _mm_prefetch(reinterpret_cast<const char*>(srow[r] + PF_TILES * NR * G), _MM_HINT_T0);
+        if (ASYM) _mm_prefetch(reinterpret_cast<const char*>(zrow[r] + PF_TILES * NR * G), _MM_HINT_T0);
     }
     const uint8_t* pt[TR];
     for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
@@ -231,6 +236,9 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
         __m256i lo[NR], hi[NR];
         __m256 dv[NR], mv[NR];
         for (int r = 0; r < NR; ++r) {
+            if ((c & 1) == 0) {  // one line per row: the same line PF_TILES tiles further down
+                _mm_prefetch(reinterpret_cast<const char*>(codes[r] + 32 * c + PF_TILES * NR * (K / 2)), _MM_HINT_T0);
+            }
             const __m256i v = c < full ? ld256(codes[r] + 32 * c)
                                        : _mm256_inserti128_si256(_mm256_setzero_si256(),
                                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[r] + 32 * c)), 0);
@@ -292,6 +300,9 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     for (int64_t k = 0; k < K; k += 32) {
         __m256i wv[NR], aw[NR];
         for (int r = 0; r < NR; ++r) {
+            if ((k & 63) == 0) {
+                _mm_prefetch(reinterpret_cast<const char*>(codes + r * K + k + PF_TILES * NR * K), _MM_HINT_T0);
+            }
             wv[r] = ld256(codes + r * K + k);
             aw[r] = _mm256_abs_epi8(wv[r]);
         }

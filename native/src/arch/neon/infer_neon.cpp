@@ -144,6 +144,10 @@ void i4_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
     }
 }
 
+// Software prefetch distance of the weight streams, in rows (rows are contiguous and a
+// decode step reads each once; see infer_avx512.cpp).
+constexpr int64_t PF_ROWS = 8;
+
 template <int TR, bool ASYM>
 inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n, const GemmOut& out) {
     const int64_t K = w.K, gw = w.group, ga = x.group, G = K / gw, B = ga < gw ? ga : gw;
@@ -165,6 +169,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
             xsum[t] = 0;
         }
         for (int64_t e = b0; e < b0 + B; e += 32) {
+            if (e % 128 == 0) __builtin_prefetch(codes + e / 2 + PF_ROWS * (K / 2));
             const uint8x16_t c = vld1q_u8(codes + e / 2);
             const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(c, m4));
             const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(c, 4));
@@ -211,6 +216,7 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
         int32x4_t vi[TR];
         for (int t = 0; t < TR; ++t) vi[t] = vdupq_n_s32(0);
         for (int64_t k = j * ga; k < (j + 1) * ga; k += 16) {
+            if (k % 64 == 0) __builtin_prefetch(codes + k + PF_ROWS * K);
             const int8x16_t wv = vld1q_s8(codes + k);
             for (int t = 0; t < TR; ++t) {
                 const int8x16_t xv = vld1q_s8(x.q + (t0 + t) * K + k);
