@@ -102,8 +102,10 @@ def build(
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
+    from edgepack.format.errors import EXIT_USAGE
     from edgepack.packager.build import build as run_build
     from edgepack.packager.recipe import load_recipe
+    from edgepack.packager.search import SearchError
 
     if target_bpw is not None and target_size is not None:
         raise click.UsageError("give --target-bpw or --target-size, not both")
@@ -111,10 +113,15 @@ def build(
     if r.search.latency_budget_ms and not r.search.lut:
         raise click.UsageError("--latency-budget needs a LUT (--lut or [search] lut)")
     keys = [load_private_key(k) for k in sign_keys]
-    with _progress() as bar:
-        result = run_build(
-            src, out, r, calib_file=calib, sign_keys=keys, progress=bar, report=not no_report
-        )
+    try:
+        with _progress() as bar:
+            result = run_build(
+                src, out, r, calib_file=calib, sign_keys=keys, progress=bar, report=not no_report
+            )
+    except SearchError as exc:  # an impossible budget is the caller's to change
+        err = click.ClickException(str(exc))
+        err.exit_code = EXIT_USAGE
+        raise err from None
     for line in result.summary():
         click.echo(line)
     if result.report_path:

@@ -64,6 +64,7 @@ from .sensitivity import (
     TensorSensitivity,
     measure_plan_kl,
     measure_sensitivity,
+    padded_bytes,
     probe_multipliers,
     set_importance,
 )
@@ -720,6 +721,7 @@ def _build(
 ) -> BuildResult:
     q = recipe.quantize
     candidates = q.candidates()
+    _check_size_floor(fm, recipe, candidates)
     searching = len(candidates) > 1 or recipe.factorize.enabled
     needs_data = searching or q.algorithm == "gptq" or q.scale_search or q.awq or q.smoothquant
     stats: CalibrationStats | None = None
@@ -952,6 +954,34 @@ def _probe_label(t: TensorSensitivity) -> str | None:
             return pref
     opts = sorted((o for o in t.options if not o.rank), key=lambda o: o.nbytes)
     return opts[0].label if opts else None
+
+
+def _check_size_floor(fm: _FloatModel, recipe: Recipe, candidates: list[EncodingChoice]) -> None:
+    """Refuse a size budget that even the smallest candidates overshoot before the
+    minutes of calibration (the search would find it out only afterwards). Tensor bytes
+    only: a lower bound, the search still checks the whole file."""
+    target = _target_size(recipe, fm.params)
+    if not target or recipe.factorize.enabled:  # low-rank options can go below any encoding
+        return
+    fixed = _fixed_for(recipe, candidates)
+    floor = 0
+    for name, shape in zip(fm.names, fm.shapes, strict=True):
+        if len(shape) < 2:
+            floor += padded_bytes(EncodingChoice(Encoding.F32), shape)
+            continue
+        cols = math.prod(shape[1:])
+        pinned = fixed(name)
+        options = [pinned] if pinned is not None else candidates
+        fits = [c for c in options if not c.encoding.is_group or cols % c.group_size == 0]
+        fits = fits or [EncodingChoice(Encoding.INT8_CHANNEL)]
+        floor += min(padded_bytes(c, shape) for c in fits)
+    if floor > target:
+        raise SearchError(
+            f"target {target:,} bytes for the whole file is below the smallest possible: "
+            f"{floor:,} bytes of tensors with every tensor at its smallest candidate "
+            f"({', '.join(c.label for c in candidates)}); allow smaller encodings "
+            "(e.g. int2-asym, group size 64) or raise the budget"
+        )
 
 
 def _target_size(recipe: Recipe, params: int) -> int | None:

@@ -83,3 +83,24 @@ def test_bad_recipe_exit_code(gguf: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[quantize]\nencodings = ["int7"]\n')
     assert main(["build", str(gguf), "-o", str(tmp_path / "x.epk"), "--recipe", str(bad)]) == 2
+
+
+def test_impossible_budget_refused_before_calibration(
+    gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A size budget below every tensor's smallest candidate is a usage error (exit 2)
+    found before any calibration, with what to change; nothing is left behind."""
+    import edgepack.packager.build as build_mod
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated for an impossible budget")
+
+    monkeypatch.setattr(build_mod, "_calibrate", no_calibration)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[quantize]\nencodings = ["int3"]\ngroup_sizes = [32]\n')
+    out = tmp_path / "m.epk"
+    args = ["build", str(gguf), "-o", str(out), "--recipe", str(recipe), "--target-bpw", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "smallest possible" in err and "int3-g32" in err and "internal error" not in err
+    assert list(tmp_path.iterdir()) == [recipe]
