@@ -357,6 +357,28 @@ def test_transforms_are_inverse() -> None:
     ]:
         res = residual_of(a, b, mode, width)
         assert np.array_equal(combine(res, b, mode, width), a)
+    for width, flags in ((8, 2), (4, 4)):
+        negate = rng.integers(0, flags, a.size, dtype=np.uint8)
+        res = residual_of(a, b, Combine.ADD_DIRECTED, width, negate)
+        assert np.array_equal(combine(res, b, Combine.ADD_DIRECTED, width, negate), a)
+        plain = residual_of(a, b, Combine.ADD, width)
+        assert np.array_equal(res[negate == 0], plain[negate == 0])
+    # a code one above its rounded-up prediction costs what one below an unflagged one does
+    up = residual_of(
+        np.array([6], np.uint8),
+        np.array([5], np.uint8),
+        Combine.ADD_DIRECTED,
+        8,
+        np.array([0], np.uint8),
+    )
+    down = residual_of(
+        np.array([4], np.uint8),
+        np.array([5], np.uint8),
+        Combine.ADD_DIRECTED,
+        8,
+        np.array([1], np.uint8),
+    )
+    assert up.tolist() == down.tolist() == [2]
     small = np.array([1, 0, 255, 3], np.uint8)  # +1, 0, -1, +3 as nibbles / bytes
     assert residual_of(small, np.zeros(4, np.uint8), Combine.ADD, 8).tolist() == [2, 0, 1, 6]
     for elem in (2, 4):
@@ -666,3 +688,28 @@ def test_rans_damage_is_typed(damage: str) -> None:
             out += dec.decode(1 << 12)
         dec.finish()
         assert out == data.tobytes()  # a flipped word that decodes "fine" must not get here
+
+
+def test_directed_add_only_on_predicted_codes(pair, tmp_path: Path) -> None:
+    """ADD_DIRECTED reads the rounding directions of a codes prediction: on any other op
+    it means nothing, and a forged header using it elsewhere is refused while parsing."""
+    from dataclasses import replace
+
+    from deltafactory import rewrite_header
+
+    _, old, _, delta, _ = pair
+    with DeltaFile.open(delta) as df:
+        h = df.header
+    ops = list(h.ops)
+    i = next(
+        i
+        for i, op in enumerate(ops)
+        if op.kind == OpKind.DATA and op.combine == Combine.ADD and op.ref_kind == RefKind.BASE
+    )
+    ops[i] = replace(ops[i], combine=Combine.ADD_DIRECTED)
+    (tmp_path / "bad.epkd").write_bytes(
+        rewrite_header(delta.read_bytes(), replace(h, ops=tuple(ops)))
+    )
+    with pytest.raises(CorruptDeltaError, match="directed ADD"):
+        apply_delta(old, tmp_path / "bad.epkd", tmp_path / "x.epk")
+    assert not (tmp_path / "x.epk").exists()

@@ -19,7 +19,15 @@ from deltafactory import ModelSpec, TensorSpec, dequantized, rewrite_header, spl
 
 from edgepack.format import EdgepackError, Encoding
 from edgepack.format.delta import apply_delta
-from edgepack.format.delta.container import Codec, OpKind, RefKind, Shuffle, Stream, encode_header
+from edgepack.format.delta.container import (
+    Codec,
+    Combine,
+    OpKind,
+    RefKind,
+    Shuffle,
+    Stream,
+    encode_header,
+)
 from edgepack.server.delta import DeltaOptions, create_delta
 
 ITERATIONS = 3000
@@ -85,6 +93,7 @@ def test_corpus_covers_every_op_shape(corpus) -> None:
     assert refs >= {RefKind.NONE, RefKind.PREDICTED}
     assert any(s.dict_length for s in h.streams)
     assert {s.codec for s in h.streams} >= {Codec.ZSTD, Codec.RANS}
+    assert Combine.ADD_DIRECTED in {op.combine for op in h.ops if op.kind == OpKind.DATA}
     shuffles = {op.shuffle for op in h.ops if op.kind == OpKind.DATA}
     assert {Shuffle.SPARSE, Shuffle.PLANES} <= shuffles, shuffles
 

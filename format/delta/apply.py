@@ -24,6 +24,7 @@ import numpy as np
 from edgepack.format.signing import parse_signature_block, verify_signature_block
 
 from .container import (
+    Combine,
     DeltaHeader,
     DeltaPreamble,
     Op,
@@ -398,15 +399,20 @@ class _Runner:
                     zeros = self.read_target(
                         p.target_zeros_offset + r0 * per_row[2], (r1 - r0) * per_row[2]
                     )
-                ref = predict_codes(w, p.target_encoding, p.target_group_size, scales, zeros)
+                directed = op.combine == Combine.ADD_DIRECTED
+                got = predict_codes(
+                    w, p.target_encoding, p.target_group_size, scales, zeros, directed
+                )
+                ref, negate = got if directed else (got, None)
             else:
                 ref = predict_part(w, p.target_encoding, p.target_group_size, p.part)
+                negate = None
             n = (r1 - r0) * per_row[p.part]
             if ref.size != n:  # unreachable after validate(); a guard against logic errors
                 raise DeltaError("prediction size mismatch")
             res = residual.read(n)
             _pwrite_all(
                 self.out_fd,
-                combine(res, ref, op.combine, op.width),
+                combine(res, ref, op.combine, op.width, negate),
                 op.target_offset + r0 * per_row[p.part],
             )

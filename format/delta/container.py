@@ -97,6 +97,7 @@ class Combine:
     LITERAL = 0
     XOR = 1
     ADD = 2
+    ADD_DIRECTED = 3  # ADD, residual negated where the predicted code was rounded up
 
 
 class RefKind:
@@ -666,8 +667,15 @@ def _check_op(i: int, op: Op, h: DeltaHeader, consumed: list[int]) -> None:
     if op.stream >= len(h.streams):
         raise CorruptDeltaError(f"{where} names stream {op.stream} of {len(h.streams)}")
     consumed[op.stream] += op.stream_bytes
-    if op.combine not in (Combine.LITERAL, Combine.XOR, Combine.ADD):
+    if op.combine not in (Combine.LITERAL, Combine.XOR, Combine.ADD, Combine.ADD_DIRECTED):
         raise UnsupportedDeltaError(f"{where} uses combine mode {op.combine}, unknown here")
+    if op.combine == Combine.ADD_DIRECTED and not (
+        op.ref_kind == RefKind.PREDICTED
+        and op.prediction is not None
+        and op.prediction.part == Part.CODES
+        and op.width == (8 if op.prediction.target_encoding == Encoding.INT8_CHANNEL else 4)
+    ):
+        raise CorruptDeltaError(f"{where}: a directed ADD needs predicted codes of its width")
     if op.width not in _WIDTHS:
         raise UnsupportedDeltaError(f"{where} uses element width {op.width}, unknown here")
     if op.shuffle not in (Shuffle.NONE, Shuffle.BYTES, Shuffle.SPARSE, Shuffle.PLANES):
@@ -686,9 +694,10 @@ def _check_op(i: int, op: Op, h: DeltaHeader, consumed: list[int]) -> None:
         if op.aux_stream >= len(h.streams):
             raise CorruptDeltaError(f"{where} names stream {op.aux_stream} of {len(h.streams)}")
         consumed[op.aux_stream] += op.aux_bytes
-    if (op.shuffle in (Shuffle.BYTES, Shuffle.PLANES) or op.combine == Combine.ADD) and (
-        op.length % elem
-    ):
+    if (
+        op.shuffle in (Shuffle.BYTES, Shuffle.PLANES)
+        or op.combine in (Combine.ADD, Combine.ADD_DIRECTED)
+    ) and (op.length % elem):
         raise CorruptDeltaError(f"{where}: length is not a whole number of elements")
     if (op.combine == Combine.LITERAL) != (op.ref_kind == RefKind.NONE):
         raise CorruptDeltaError(f"{where}: combine mode and reference disagree")

@@ -131,9 +131,21 @@ def _reciprocal(d: np.ndarray) -> np.ndarray:
 
 
 def predict_codes(
-    w: np.ndarray, encoding: int, group_size: int, scales: bytes, zeros: bytes | None
-) -> np.ndarray:
-    """``w`` re-quantized with the target's actual scales (and zeros), as code bytes."""
+    w: np.ndarray,
+    encoding: int,
+    group_size: int,
+    scales: bytes,
+    zeros: bytes | None,
+    directions: bool = False,
+):
+    """``w`` re-quantized with the target's actual scales (and zeros), as code bytes.
+
+    With ``directions``: ``(codes, negate)``, ``negate`` marking per code byte the codes
+    that were rounded up (``rint(x) > x``; width 8: 0/1, packed int4: bit 0 for the low
+    nibble, bit 1 for the high one). A value just below a rounding boundary that the
+    update pushes across moves its code up, one just above moves it down: negating the
+    residual where the prediction rounded up turns both into +1 (ADD_DIRECTED).
+    """
     enc = Encoding(encoding)
     rows, cols = w.shape
     with np.errstate(all="ignore"):
@@ -151,10 +163,21 @@ def predict_codes(
                 z = np.frombuffer(zeros, "<f2").astype(_F32).reshape(rows, -1)
                 x = (grp - z[..., None]) * _reciprocal(d)[..., None]
                 lo, hi, offset = 0, 15, 0
-        np.rint(x, out=x)
+        up = None
+        if directions:
+            r = np.rint(x)
+            up = (r > x).reshape(rows, cols)  # NaN compares false: not negated
+            x = r
+        else:
+            np.rint(x, out=x)
         np.clip(x, lo, hi, out=x)
         x[np.isnan(x)] = 0
         if enc == Encoding.INT8_CHANNEL:
-            return x.astype(np.int8).view(np.uint8).ravel()
+            codes = x.astype(np.int8).view(np.uint8).ravel()
+            return (codes, up.astype(np.uint8).ravel()) if up is not None else codes
         q = (x.reshape(rows, cols) + offset).astype(np.uint8)
-    return (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).ravel()
+    codes = (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).ravel()
+    if up is None:
+        return codes
+    u = up.astype(np.uint8)
+    return codes, (u[:, 0::2] | (u[:, 1::2] << np.uint8(1))).ravel()

@@ -39,8 +39,18 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
     return (z >> one) ^ (z.dtype.type(0) - (z & one))
 
 
-def residual_of(target: np.ndarray, ref: np.ndarray | None, mode: int, width: int) -> np.ndarray:
-    """The residual that :func:`combine` turns back into ``target`` given ``ref``."""
+def residual_of(
+    target: np.ndarray,
+    ref: np.ndarray | None,
+    mode: int,
+    width: int,
+    negate: np.ndarray | None = None,
+) -> np.ndarray:
+    """The residual that :func:`combine` turns back into ``target`` given ``ref``.
+
+    ``negate`` (ADD_DIRECTED only): per byte, which elements' differences are negated;
+    width 8: 0/1 per byte; width 4: bit 0 the low nibble, bit 1 the high one.
+    """
     target = np.ascontiguousarray(target, dtype=np.uint8).ravel()
     if mode == Combine.LITERAL:
         return target.copy()
@@ -51,11 +61,23 @@ def residual_of(target: np.ndarray, ref: np.ndarray | None, mode: int, width: in
     if width == 4:
         lo = (target - ref) & np.uint8(0x0F)
         hi = ((target >> np.uint8(4)) - (ref >> np.uint8(4))) & np.uint8(0x0F)
+        if mode == Combine.ADD_DIRECTED:
+            assert negate is not None
+            lo = _neg4(lo, negate & np.uint8(1))
+            hi = _neg4(hi, (negate >> np.uint8(1)) & np.uint8(1))
         return _zig4(lo) | (_zig4(hi) << np.uint8(4))
     dt = _UINT[width]
     with np.errstate(over="ignore"):
         diff = target.view(dt) - ref.view(dt)
+        if mode == Combine.ADD_DIRECTED:
+            assert negate is not None and width == 8
+            diff = np.where(negate.astype(bool), np.uint8(0) - diff, diff)
         return _zigzag(diff, width).view(np.uint8)
+
+
+def _neg4(v: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Nibbles ``v`` (0..15), negated mod 16 where ``flag`` is 1."""
+    return np.where(flag.astype(bool), (np.uint8(16) - v) & np.uint8(0x0F), v)
 
 
 def _zig4(s: np.ndarray) -> np.ndarray:
@@ -68,7 +90,13 @@ def _unzig4(z: np.ndarray) -> np.ndarray:
     return ((z >> np.uint8(1)) ^ (np.uint8(0) - (z & np.uint8(1)))) & np.uint8(0x0F)
 
 
-def combine(residual: np.ndarray, ref: np.ndarray | None, mode: int, width: int) -> np.ndarray:
+def combine(
+    residual: np.ndarray,
+    ref: np.ndarray | None,
+    mode: int,
+    width: int,
+    negate: np.ndarray | None = None,
+) -> np.ndarray:
     """Output bytes of a DATA op chunk (``residual`` already unshuffled)."""
     if mode == Combine.LITERAL:
         return residual
@@ -76,12 +104,22 @@ def combine(residual: np.ndarray, ref: np.ndarray | None, mode: int, width: int)
     if mode == Combine.XOR:
         return residual ^ ref
     if width == 4:
-        lo = (ref + _unzig4(residual & np.uint8(0x0F))) & np.uint8(0x0F)
-        hi = ((ref >> np.uint8(4)) + _unzig4(residual >> np.uint8(4))) & np.uint8(0x0F)
+        lo = _unzig4(residual & np.uint8(0x0F))
+        hi = _unzig4(residual >> np.uint8(4))
+        if mode == Combine.ADD_DIRECTED:
+            assert negate is not None
+            lo = _neg4(lo, negate & np.uint8(1))
+            hi = _neg4(hi, (negate >> np.uint8(1)) & np.uint8(1))
+        lo = (ref + lo) & np.uint8(0x0F)
+        hi = ((ref >> np.uint8(4)) + hi) & np.uint8(0x0F)
         return lo | (hi << np.uint8(4))
     dt = _UINT[width]
     with np.errstate(over="ignore"):
-        return (ref.view(dt) + _unzigzag(residual.view(dt))).view(np.uint8)
+        step = _unzigzag(residual.view(dt))
+        if mode == Combine.ADD_DIRECTED:
+            assert negate is not None and width == 8
+            step = np.where(negate.astype(bool), np.uint8(0) - step, step)
+        return (ref.view(dt) + step).view(np.uint8)
 
 
 def shuffle(data: np.ndarray, elem: int) -> np.ndarray:

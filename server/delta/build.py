@@ -416,30 +416,37 @@ class _Planner:
             target_scales_offset=t.scales.offset if part == Part.CODES else 0,
             target_zeros_offset=t.zeros.offset if part == Part.CODES else 0,
         )
+        negate = None
         if part == Part.CODES:
             zeros = self.new_bytes(t.zeros).tobytes() if t.zeros.length else None
-            ref = predict_codes(
-                w, t.encoding, t.group_size, self.new_bytes(t.scales).tobytes(), zeros
+            ref, negate = predict_codes(
+                w, t.encoding, t.group_size, self.new_bytes(t.scales).tobytes(), zeros, True
             )
         else:
             ref = predict_part(w, t.encoding, t.group_size, part)
         target = self.new_bytes(span)
         elem = width // 8 if width >= 16 else 1
-        raw = residual_of(target, ref, Combine.ADD, width)
         shuf = 1 if elem > 1 else 0
-        res = shuffle(raw, elem) if shuf else raw
-        op = Op(
-            OpKind.DATA,
-            span.offset,
-            span.length,
-            combine=Combine.ADD,
-            width=width,
-            shuffle=shuf,
-            ref_kind=RefKind.PREDICTED,
-            prediction=pred,
-        )
-        dense = _Choice(op, res, f"p{klass}", method=f"predict-add{width}")
-        return [_as_planes(dense, raw), *_sparse_variant(dense, raw)]
+        out: list[_Choice] = []
+        modes = [(Combine.ADD, "")]
+        if negate is not None:  # codes: also with the rounding direction folded in
+            modes.append((Combine.ADD_DIRECTED, "-directed"))
+        for mode, tag in modes:
+            raw = residual_of(target, ref, mode, width, negate)
+            op = Op(
+                OpKind.DATA,
+                span.offset,
+                span.length,
+                combine=mode,
+                width=width,
+                shuffle=shuf,
+                ref_kind=RefKind.PREDICTED,
+                prediction=pred,
+            )
+            res = shuffle(raw, elem) if shuf else raw
+            dense = _Choice(op, res, f"p{klass}{tag}", method=f"predict-add{width}{tag}")
+            out += [_as_planes(dense, raw), *_sparse_variant(dense, raw)]
+        return out
 
     def head_choices(self) -> list[_Choice]:
         """Preamble and header of the target: zstd with the old ones as dictionary.
