@@ -775,25 +775,12 @@ def _build(
         fq = FakeQuantModel(fm.model)
     if fq is not None and recipe.search.probe and searching:
         kinds = {s.kind for s in sens if s.fixed is None and len(s.options) > 1}
-        extra = _extra_probe_labels(sens)
-        progress.phase("probe", (len(kinds) + (1 if tied else 0)) * (1 + len(extra)))
+        progress.phase("probe", len(kinds) + (1 if tied else 0))
         mult, details = probe_multipliers(
             fq, probe_ids, sens, fm.load, _probe_label, on_kind=lambda k: progress.advance(1, k)
         )
-        by_label = {}
-        for label in extra:
-            got, _ = probe_multipliers(
-                fq,
-                probe_ids,
-                sens,
-                fm.load,
-                lambda t, lbl=label: lbl if any(o.label == lbl for o in t.options) else None,
-                on_kind=lambda k: progress.advance(1, k),
-            )
-            by_label[label] = got
         set_importance(sens, stats, mult)
-        relative = _apply_label_probes(sens, mult, by_label)
-        probe_info = {"multipliers": mult, "kinds": details, "by_encoding": relative}
+        probe_info = {"multipliers": mult, "kinds": details}
     fm.release_model()  # its mapping would stay resident through the quantization
     calib_report = stats.report() if stats is not None else {}
     phases["sensitivity"] = time.perf_counter() - t
@@ -967,54 +954,6 @@ def _probe_label(t: TensorSensitivity) -> str | None:
             return pref
     opts = sorted((o for o in t.options if not o.rank), key=lambda o: o.nbytes)
     return opts[0].label if opts else None
-
-
-def _family(label: str) -> str:
-    """The probe that stands for an option: asymmetric variants share the symmetric one's."""
-    return label.removesuffix("-asym")
-
-
-def _extra_probe_labels(sens: Sequence[TensorSensitivity]) -> list[str]:
-    """Low-bit labels (3 bits and fewer) the search may pick besides the reference probe's:
-    the additive error model misjudges them most (it rates int2 and int3-g64 far better
-    than their measured KL), so each gets its own per-kind measurement."""
-    labels: set[str] = set()
-    for t in sens:
-        if t.fixed is not None or t.layer is None:
-            continue
-        for o in t.options:
-            enc = o.choice.encoding
-            if not o.rank and enc.is_group and enc.bits <= 3:
-                labels.add(o.label)
-    out = []
-    for fam in sorted({_family(lbl) for lbl in labels} - {"int3-g32"}):
-        # probed through its symmetric label when there is one, else as it is
-        out.append(fam if fam in labels else min(x for x in labels if _family(x) == fam))
-    return out
-
-
-def _apply_label_probes(
-    sens: Sequence[TensorSensitivity],
-    mult: dict[str, float],
-    by_label: dict[str, dict[str, float]],
-) -> dict[str, dict[str, float]]:
-    """Scale each layer tensor's low-bit options by how much worse (or better) their own
-    probe measured than the reference probe that set the kind's importance."""
-    relative: dict[str, dict[str, float]] = {}
-    for label, got in by_label.items():
-        for kind, m in got.items():
-            base = mult.get(kind, 1.0)
-            if base > 0 and m > 0 and m != 1.0:
-                relative.setdefault(kind, {})[_family(label)] = m / base
-    for t in sens:
-        rel = relative.get(t.kind) if t.layer is not None else None
-        if not rel:
-            continue
-        for o in t.options:
-            factor = rel.get(_family(o.label))
-            if factor is not None and not o.rank:
-                o.err *= factor
-    return relative
 
 
 def _check_size_floor(fm: _FloatModel, recipe: Recipe, candidates: list[EncodingChoice]) -> None:
