@@ -237,7 +237,8 @@ class CalibrationStats:
         return self.sites.get(site_of(weight_name))
 
     def report(self) -> dict:
-        """The package's calibration-report section (JSON)."""
+        """The package's calibration-report section (JSON). Nothing in it depends on the
+        machine or the clock, so the same inputs build the same package bytes."""
         lengths = np.asarray(self.lengths)
         return {
             "source": self.text_source,
@@ -246,7 +247,6 @@ class CalibrationStats:
             "length_min": int(lengths.min()) if lengths.size else 0,
             "length_median": float(np.median(lengths)) if lengths.size else 0.0,
             "length_max": int(lengths.max()) if lengths.size else 0,
-            "seconds": round(self.seconds, 2),
             "sites": {
                 name: {
                     "dim": s.dim,

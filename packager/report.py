@@ -56,7 +56,7 @@ def _markdown(r: BuildResult, recipe: Recipe, plot: Path | None) -> str:
             "",
             f"{c['samples']} samples, {c['tokens']} tokens (length {c['length_min']} .. "
             f"{c['length_max']}, median {c['length_median']:.0f}) from {c['source']}, "
-            f"{c['seconds']:.1f} s.",
+            f"{r.phases.get('calibrate', 0.0):.1f} s.",
             "",
         ]
     if r.probe:

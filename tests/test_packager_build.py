@@ -236,3 +236,13 @@ def test_eval_cli(root: Path, f32: Path, tmp_path: Path) -> None:
     text.write_text(calibration_text()[:4000])
     assert main(["eval", str(f32), "--text", str(text), "--ctx", "64", "--chunks", "2"]) == 0
     assert main(["eval", str(f32), "--text", str(text), "--ctx", "2"]) != 0
+
+
+def test_builds_are_reproducible(root: Path, gguf: Path) -> None:
+    """Same source, recipe and calibration text: the same package, byte for byte (no
+    clock or machine figure inside), so a release pipeline can rebuild and compare."""
+    data = _recipe(target_size=100_000)
+    outs = [root / f"repro{i}.epk" for i in range(2)]
+    for out in outs:
+        build(gguf, out, parse_recipe(data), report=False)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
