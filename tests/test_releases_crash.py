@@ -35,7 +35,7 @@ from edgepack.server.store import open_store
 TRIALS = 20
 MiB = 1024 * 1024
 BUCKET = "edgepack-crash"
-STEPS = ("stored package object", ".targets.json", ".snapshot.json", "verified ")
+STEPS = ("stored package object", "stored delta ", ".targets.json", ".snapshot.json", "verified ")
 
 
 class StoreChecker:
@@ -133,17 +133,22 @@ def test_killing_publish_never_exposes_a_partial_release(
     checker = StoreChecker(s3_server.client(), prefix)
     rng = random.Random(1234)
 
+    base_pad = rng.randbytes(5 * MiB + MiB // 2)
+
     def package(n: int) -> Path:
-        return make_pkg(
-            tmp_path / f"p{n}.epk", f"1.0.{n}", seed=n, pad=rng.randbytes(5 * MiB + MiB // 2)
-        )
+        """~6 MiB: new tensors and a few changed bytes of a shared padding section, so the
+        precomputed deltas are real (and cheap) work inside every publish."""
+        pad = bytearray(base_pad)
+        for _ in range(64):
+            pad[rng.randrange(len(pad))] ^= 0xFF
+        return make_pkg(tmp_path / f"p{n}.epk", f"1.0.{n}", seed=n, pad=bytes(pad))
 
     def publish(pkg: Path, kill: str | None = None) -> tuple[int | None, list[str]]:
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "edgepack.cli", "publish", str(pkg),
                 "--store", url, "--keys-dir", str(keys_dir), "--channel", "beta",
-                "--deltas", "0", "-v",
+                "--deltas", "2", "-v",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -186,7 +191,7 @@ def test_killing_publish_never_exposes_a_partial_release(
 
     outcomes = []
     for n in range(1, TRIALS + 1):
-        kill = f"delay:{rng.uniform(0, full):.3f}" if n % 2 else rng.choice(STEPS)
+        kill = f"delay:{rng.uniform(0, full):.3f}" if n % 2 else STEPS[(n // 2) % len(STEPS)]
         rc, lines = publish(package(n), kill)
         outcomes.append((kill, rc, lines[-1].strip() if lines else ""))
         assert rc in (None, 0), "".join(lines)
@@ -196,12 +201,14 @@ def test_killing_publish_never_exposes_a_partial_release(
         ReleaseRepository(open_store(url)).load()
 
     killed = sum(rc is None for _, rc, _ in outcomes)
+    assert any(last.startswith("stored delta") for _, _, last in outcomes)  # a kill hit it
     print("\n".join(f"{k:>24} rc={rc} last={last}" for k, rc, last in outcomes))
     assert killed >= TRIALS // 2, outcomes  # most trials really were interrupted
     # the repository still publishes, and a stock TUF client follows it
     store = open_store(url)
     final = package(TRIALS + 1)
-    result = ReleaseRepository(store, KeyRing(keys_dir)).publish(final, "beta", delta_count=0)
+    result = ReleaseRepository(store, KeyRing(keys_dir)).publish(final, "beta", delta_count=2)
+    assert result.release.deltas  # from the committed releases, whatever the kills left
     repo = ReleaseRepository(store)
     assert repo.verify(deep=True) == []
     index = repo.index()
