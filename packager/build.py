@@ -721,7 +721,9 @@ def _build(
 ) -> BuildResult:
     q = recipe.quantize
     candidates = q.candidates()
-    _check_size_floor(fm, recipe, candidates)
+    sections = _static_sections(fm)
+    fixed_overhead = _fixed_overhead(fm, recipe, sections)
+    _check_size_floor(fm, recipe, candidates, fixed_overhead)
     searching = len(candidates) > 1 or recipe.factorize.enabled
     needs_data = searching or q.algorithm == "gptq" or q.scale_search or q.awq or q.smoothquant
     stats: CalibrationStats | None = None
@@ -787,11 +789,7 @@ def _build(
 
     # -- budgets
     target_size = _target_size(recipe, fm.params)
-    sections = _static_sections(fm)
-    header = 2048 + sum(len(n) + _HEADER_PER_TENSOR for n in fm.names)
-    header += len(json.dumps(recipe.to_json())) + len(json.dumps(fm.identity.config, default=str))
-    overhead = -(-(128 + header) // 4096) * 4096  # the data region starts on a page
-    overhead += sum(_stored_size(d) + 64 for _, d, _, _ in sections)
+    overhead = fixed_overhead
     if stats is not None:
         overhead += _stored_size(json.dumps(calib_report, sort_keys=True).encode()) + 64
     # the precision plan, sized from a provisional plan (its numbers change, not its shape)
@@ -956,15 +954,26 @@ def _probe_label(t: TensorSensitivity) -> str | None:
     return opts[0].label if opts else None
 
 
-def _check_size_floor(fm: _FloatModel, recipe: Recipe, candidates: list[EncodingChoice]) -> None:
+def _fixed_overhead(fm: _FloatModel, recipe: Recipe, sections: list) -> int:
+    """File bytes besides tensors that are known before calibration: preamble and header
+    (rounded up to the page the data region starts on) and the static sections."""
+    header = 2048 + sum(len(n) + _HEADER_PER_TENSOR for n in fm.names)
+    header += len(json.dumps(recipe.to_json())) + len(json.dumps(fm.identity.config, default=str))
+    overhead = -(-(128 + header) // 4096) * 4096
+    return overhead + sum(_stored_size(d) + 64 for _, d, _, _ in sections)
+
+
+def _check_size_floor(
+    fm: _FloatModel, recipe: Recipe, candidates: list[EncodingChoice], overhead: int
+) -> None:
     """Refuse a size budget that even the smallest candidates overshoot before the
-    minutes of calibration (the search would find it out only afterwards). Tensor bytes
-    only: a lower bound, the search still checks the whole file."""
+    minutes of calibration (the search would find it out only afterwards): tensor bytes
+    plus the overhead known so far, a lower bound; the search still checks the file."""
     target = _target_size(recipe, fm.params)
     if not target or recipe.factorize.enabled:  # low-rank options can go below any encoding
         return
     fixed = _fixed_for(recipe, candidates)
-    floor = 0
+    floor = overhead
     for name, shape in zip(fm.names, fm.shapes, strict=True):
         if len(shape) < 2:
             floor += padded_bytes(EncodingChoice(Encoding.F32), shape)
@@ -978,9 +987,9 @@ def _check_size_floor(fm: _FloatModel, recipe: Recipe, candidates: list[Encoding
     if floor > target:
         raise SearchError(
             f"target {target:,} bytes for the whole file is below the smallest possible: "
-            f"{floor:,} bytes of tensors with every tensor at its smallest candidate "
-            f"({', '.join(c.label for c in candidates)}); allow smaller encodings "
-            "(e.g. int2-asym, group size 64) or raise the budget"
+            f"{floor:,} bytes with every tensor at its smallest candidate "
+            f"({', '.join(c.label for c in candidates)}) or protected encoding; allow "
+            "smaller encodings (e.g. int2-asym, group size 64) or raise the budget"
         )
 
 
