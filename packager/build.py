@@ -62,6 +62,7 @@ from .sensitivity import (
     FakeQuantModel,
     Option,
     TensorSensitivity,
+    fit_group,
     measure_plan_kl,
     measure_sensitivity,
     padded_bytes,
@@ -981,8 +982,8 @@ def _check_size_floor(
         cols = math.prod(shape[1:])
         pinned = fixed(name)
         options = [pinned] if pinned is not None else candidates
-        fits = [c for c in options if not c.encoding.is_group or cols % c.group_size == 0]
-        fits = fits or [EncodingChoice(Encoding.INT8_CHANNEL)]
+        fits = [c for c in options if fit_group(c, cols) is not None]
+        fits = fits or [EncodingChoice(Encoding.INT8_CHANNEL)]  # measure_sensitivity's fallback
         floor += min(padded_bytes(c, shape) for c in fits)
     if floor > target:
         raise SearchError(

@@ -125,7 +125,8 @@ class TensorSensitivity:
         return next(o for o in self.options if o.label == label)
 
 
-def _fit_group(choice: EncodingChoice, cols: int) -> EncodingChoice | None:
+def fit_group(choice: EncodingChoice, cols: int) -> EncodingChoice | None:
+    """``choice`` if its group size divides the row length (always for non-group ones)."""
     if not choice.encoding.is_group:
         return choice
     return choice if cols % choice.group_size == 0 else None
@@ -210,7 +211,7 @@ def measure_sensitivity(
         opts = []
         wq = w if sample is None else np.ascontiguousarray(w[sample])
         for c in choices:
-            fit = _fit_group(c, cols)
+            fit = fit_group(c, cols)
             if fit is None:
                 continue
             _, deq = rtn_quantize(wq, fit, name=name)

@@ -444,7 +444,7 @@ def test_sparse_block_refuses_inconsistent_input(positions, values, length, why)
 def test_requantized_codes_and_scales_use_sparse_and_planes(tmp_path: Path) -> None:
     """A float fine-tune re-quantized to int4 moves a few percent of the codes and most
     scales by a few ulps: the codes go sparse, the scales as split byte planes, and the
-    delta is smaller than with the dense residuals alone."""
+    patch rebuilds NEW exactly."""
     rng = np.random.default_rng(7)
     ws = [(rng.standard_normal((192, 256)) * 0.05).astype(np.float32) for _ in range(3)]
     updated = []

@@ -44,7 +44,14 @@ from .errors import (
     TruncatedDeltaError,
     WrongBaseError,
 )
-from .predict import BaseRows, Factors, predict_codes, predict_part, row_bytes
+from .predict import (
+    BaseRows,
+    Factors,
+    predict_codes,
+    predict_codes_directed,
+    predict_part,
+    row_bytes,
+)
 from .streams import ResidualReader, StreamDecoder
 from .transforms import combine
 
@@ -399,11 +406,11 @@ class _Runner:
                     zeros = self.read_target(
                         p.target_zeros_offset + r0 * per_row[2], (r1 - r0) * per_row[2]
                     )
-                directed = op.combine == Combine.ADD_DIRECTED
-                got = predict_codes(
-                    w, p.target_encoding, p.target_group_size, scales, zeros, directed
-                )
-                ref, negate = got if directed else (got, None)
+                args = (w, p.target_encoding, p.target_group_size, scales, zeros)
+                if op.combine == Combine.ADD_DIRECTED:
+                    ref, negate = predict_codes_directed(*args)
+                else:
+                    ref, negate = predict_codes(*args), None
             else:
                 ref = predict_part(w, p.target_encoding, p.target_group_size, p.part)
                 negate = None

@@ -17,7 +17,14 @@ from edgepack.format.layout import tensor_layout
 
 from .container import Part
 
-__all__ = ["BaseRows", "Factors", "predict_codes", "predict_part", "row_bytes"]
+__all__ = [
+    "BaseRows",
+    "Factors",
+    "predict_codes",
+    "predict_codes_directed",
+    "predict_part",
+    "row_bytes",
+]
 
 _F32 = np.float32
 
@@ -131,21 +138,33 @@ def _reciprocal(d: np.ndarray) -> np.ndarray:
 
 
 def predict_codes(
+    w: np.ndarray, encoding: int, group_size: int, scales: bytes, zeros: bytes | None
+) -> np.ndarray:
+    """``w`` re-quantized with the target's actual scales (and zeros), as code bytes."""
+    return _requantize(w, encoding, group_size, scales, zeros, False)[0]
+
+
+def predict_codes_directed(
+    w: np.ndarray, encoding: int, group_size: int, scales: bytes, zeros: bytes | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`predict_codes` plus ``negate``, marking per code byte the codes that were
+    rounded up (``rint(x) > x``; int8: 0/1, packed int4: bit 0 for the low nibble, bit 1
+    for the high one). A value just below a rounding boundary that the update pushes
+    across moves its code up, one just above moves it down: negating the residual where
+    the prediction rounded up turns both into +1 (ADD_DIRECTED)."""
+    codes, up = _requantize(w, encoding, group_size, scales, zeros, True)
+    assert up is not None
+    return codes, up
+
+
+def _requantize(
     w: np.ndarray,
     encoding: int,
     group_size: int,
     scales: bytes,
     zeros: bytes | None,
-    directions: bool = False,
-):
-    """``w`` re-quantized with the target's actual scales (and zeros), as code bytes.
-
-    With ``directions``: ``(codes, negate)``, ``negate`` marking per code byte the codes
-    that were rounded up (``rint(x) > x``; width 8: 0/1, packed int4: bit 0 for the low
-    nibble, bit 1 for the high one). A value just below a rounding boundary that the
-    update pushes across moves its code up, one just above moves it down: negating the
-    residual where the prediction rounded up turns both into +1 (ADD_DIRECTED).
-    """
+    directions: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:
     enc = Encoding(encoding)
     rows, cols = w.shape
     with np.errstate(all="ignore"):
@@ -166,18 +185,18 @@ def predict_codes(
         up = None
         if directions:
             r = np.rint(x)
-            up = (r > x).reshape(rows, cols)  # NaN compares false: not negated
+            up = (r > x).reshape(rows, cols).astype(np.uint8)  # NaN is not rounded up
             x = r
         else:
             np.rint(x, out=x)
         np.clip(x, lo, hi, out=x)
         x[np.isnan(x)] = 0
         if enc == Encoding.INT8_CHANNEL:
-            codes = x.astype(np.int8).view(np.uint8).ravel()
-            return (codes, up.astype(np.uint8).ravel()) if up is not None else codes
+            return x.astype(np.int8).view(np.uint8).ravel(), (
+                up.ravel() if up is not None else None
+            )
         q = (x.reshape(rows, cols) + offset).astype(np.uint8)
     codes = (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).ravel()
     if up is None:
-        return codes
-    u = up.astype(np.uint8)
-    return codes, (u[:, 0::2] | (u[:, 1::2] << np.uint8(1))).ravel()
+        return codes, None
+    return codes, (up[:, 0::2] | (up[:, 1::2] << np.uint8(1))).ravel()

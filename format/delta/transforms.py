@@ -62,22 +62,32 @@ def residual_of(
         lo = (target - ref) & np.uint8(0x0F)
         hi = ((target >> np.uint8(4)) - (ref >> np.uint8(4))) & np.uint8(0x0F)
         if mode == Combine.ADD_DIRECTED:
-            assert negate is not None
-            lo = _neg4(lo, negate & np.uint8(1))
-            hi = _neg4(hi, (negate >> np.uint8(1)) & np.uint8(1))
+            lo, hi = _negate4(lo, hi, negate)
         return _zig4(lo) | (_zig4(hi) << np.uint8(4))
     dt = _UINT[width]
     with np.errstate(over="ignore"):
         diff = target.view(dt) - ref.view(dt)
         if mode == Combine.ADD_DIRECTED:
-            assert negate is not None and width == 8
-            diff = np.where(negate.astype(bool), np.uint8(0) - diff, diff)
+            diff = _negate8(diff, negate, width)
         return _zigzag(diff, width).view(np.uint8)
 
 
-def _neg4(v: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Nibbles ``v`` (0..15), negated mod 16 where ``flag`` is 1."""
-    return np.where(flag.astype(bool), (np.uint8(16) - v) & np.uint8(0x0F), v)
+def _negate4(
+    lo: np.ndarray, hi: np.ndarray, negate: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Low / high nibbles negated mod 16 where bit 0 / bit 1 of ``negate`` is set."""
+    assert negate is not None
+
+    def neg(v: np.ndarray, flag: np.ndarray) -> np.ndarray:
+        return np.where(flag.astype(bool), (np.uint8(16) - v) & np.uint8(0x0F), v)
+
+    return neg(lo, negate & np.uint8(1)), neg(hi, (negate >> np.uint8(1)) & np.uint8(1))
+
+
+def _negate8(v: np.ndarray, negate: np.ndarray | None, width: int) -> np.ndarray:
+    """Bytes negated mod 256 where ``negate`` is 1 (directed ADD is int8 or int4 only)."""
+    assert negate is not None and width == 8
+    return np.where(negate.astype(bool), np.uint8(0) - v, v)
 
 
 def _zig4(s: np.ndarray) -> np.ndarray:
@@ -107,9 +117,7 @@ def combine(
         lo = _unzig4(residual & np.uint8(0x0F))
         hi = _unzig4(residual >> np.uint8(4))
         if mode == Combine.ADD_DIRECTED:
-            assert negate is not None
-            lo = _neg4(lo, negate & np.uint8(1))
-            hi = _neg4(hi, (negate >> np.uint8(1)) & np.uint8(1))
+            lo, hi = _negate4(lo, hi, negate)
         lo = (ref + lo) & np.uint8(0x0F)
         hi = ((ref >> np.uint8(4)) + hi) & np.uint8(0x0F)
         return lo | (hi << np.uint8(4))
@@ -117,8 +125,7 @@ def combine(
     with np.errstate(over="ignore"):
         step = _unzigzag(residual.view(dt))
         if mode == Combine.ADD_DIRECTED:
-            assert negate is not None and width == 8
-            step = np.where(negate.astype(bool), np.uint8(0) - step, step)
+            step = _negate8(step, negate, width)
         return (ref.view(dt) + step).view(np.uint8)
 
 

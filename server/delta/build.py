@@ -57,7 +57,12 @@ from edgepack.format.delta.container import (
     header_digest,
     validate,
 )
-from edgepack.format.delta.predict import BaseRows, Factors, predict_codes, predict_part
+from edgepack.format.delta.predict import (
+    BaseRows,
+    Factors,
+    predict_codes_directed,
+    predict_part,
+)
 from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.layout import tensor_layout
@@ -229,18 +234,15 @@ class _Planner:
         if base_span.length == span.length:
             ref = self.old_bytes(base_span)
             base_ref = dict(ref_kind=RefKind.BASE, ref_offset=base_span.offset)
-            xor = residual_of(target, ref, Combine.XOR, 8)
-            xor_choice = _Choice(
+            cands += _data_choices(
                 Op(OpKind.DATA, span.offset, span.length, combine=Combine.XOR, **base_ref),
-                xor,
+                residual_of(target, ref, Combine.XOR, 8),
                 f"{klass}/xor",
-                method="xor",
+                "xor",
             )
-            cands += [xor_choice, *_sparse_variant(xor_choice, xor)]
             add_ok = width == 4 or span.length % max(1, width // 8) == 0
             if add_ok:
-                raw = residual_of(target, ref, Combine.ADD, width)
-                add_choice = _Choice(
+                cands += _data_choices(
                     Op(
                         OpKind.DATA,
                         span.offset,
@@ -250,11 +252,10 @@ class _Planner:
                         shuffle=shuf,
                         **base_ref,
                     ),
-                    shuffle(raw, elem) if shuf else raw,
+                    residual_of(target, ref, Combine.ADD, width),
                     f"{klass}/add{width}",
-                    method=f"add{width}",
+                    f"add{width}",
                 )
-                cands += [_as_planes(add_choice, raw), *_sparse_variant(add_choice, raw)]
         if span.length <= self.opt.dict_limit and base_span.length <= self.opt.dict_limit:
             cands.append(
                 _Choice(
@@ -419,20 +420,18 @@ class _Planner:
         negate = None
         if part == Part.CODES:
             zeros = self.new_bytes(t.zeros).tobytes() if t.zeros.length else None
-            ref, negate = predict_codes(
-                w, t.encoding, t.group_size, self.new_bytes(t.scales).tobytes(), zeros, True
+            ref, negate = predict_codes_directed(
+                w, t.encoding, t.group_size, self.new_bytes(t.scales).tobytes(), zeros
             )
         else:
             ref = predict_part(w, t.encoding, t.group_size, part)
         target = self.new_bytes(span)
-        elem = width // 8 if width >= 16 else 1
-        shuf = 1 if elem > 1 else 0
+        shuf = 1 if width >= 16 else 0
         out: list[_Choice] = []
         modes = [(Combine.ADD, "")]
         if negate is not None:  # codes: also with the rounding direction folded in
             modes.append((Combine.ADD_DIRECTED, "-directed"))
         for mode, tag in modes:
-            raw = residual_of(target, ref, mode, width, negate)
             op = Op(
                 OpKind.DATA,
                 span.offset,
@@ -443,9 +442,8 @@ class _Planner:
                 ref_kind=RefKind.PREDICTED,
                 prediction=pred,
             )
-            res = shuffle(raw, elem) if shuf else raw
-            dense = _Choice(op, res, f"p{klass}{tag}", method=f"predict-add{width}{tag}")
-            out += [_as_planes(dense, raw), *_sparse_variant(dense, raw)]
+            raw = residual_of(target, ref, mode, width, negate)
+            out += _data_choices(op, raw, f"p{klass}{tag}", f"predict-add{width}{tag}")
         return out
 
     def head_choices(self) -> list[_Choice]:
@@ -543,46 +541,46 @@ def _fb_vector(buf: bytes, field_index: int) -> tuple[int, int] | None:
     return vec + 4, count
 
 
-def _sparse_variant(dense: _Choice, raw: np.ndarray) -> list[_Choice]:
-    """The same op with its residual stored sparse (spec section 4), when few of its
-    bytes are non-zero: a re-quantized fine-tune moves a few percent of the codes, and
-    zstd spends several times their entropy on the long zero runs between them."""
-    if np.count_nonzero(raw) > raw.size * _SPARSE_MAX_DENSITY:
-        return []
-    positions, values = sparsify(raw)
-    op = dataclasses.replace(
-        dense.op,
-        shuffle=Shuffle.SPARSE,
-        positions_length=positions.size,
-        values_length=values.size,
-    )
-    klass = f"{dense.stream_class}/sparse"
-    return [
-        _Choice(
-            op,
-            positions,
-            f"{klass}/positions",
-            method=f"{dense.method}-sparse",
-            aux=values,
-            aux_class=f"{klass}/values",
+def _data_choices(op: Op, raw: np.ndarray, klass: str, method: str) -> list[_Choice]:
+    """Codings of one DATA op's residual ``raw`` (spec section 4) for :meth:`_Planner._best`.
+
+    * As it is; a byte-shuffled op (``op.shuffle`` BYTES) is stored as PLANES, its low
+      plane and its high planes in streams of their own kind: streams are shared by all
+      ops of a class, and mixing the near-uniform low bytes with the near-constant high
+      ones in one stream costs zstd's entropy tables more than a per-op probe can see.
+    * Sparse when at most a quarter of its bytes are non-zero: a re-quantized fine-tune
+      moves a few percent of the codes, and zstd spends several times their entropy on
+      the zero runs between them.
+    """
+    if op.shuffle == Shuffle.BYTES:
+        first, rest = planes(raw, op.elem_bytes)
+        main = _Choice(
+            dataclasses.replace(op, shuffle=Shuffle.PLANES),
+            first,
+            f"{klass}/planes/0",
+            method=f"{method}-planes",
+            aux=rest,
+            aux_class=f"{klass}/planes/1+",
         )
-    ]
-
-
-def _as_planes(dense: _Choice, raw: np.ndarray) -> _Choice:
-    """A byte-shuffled op with its planes split over two streams (spec section 4); any
-    other op unchanged. Streams are shared by all ops of a class, and one stream per
-    plane kind keeps zstd's entropy tables from mixing the near-uniform low bytes of
-    the residuals with their near-constant high bytes (a per-op probe cannot see that)."""
-    elem = dense.op.elem_bytes
-    if dense.op.shuffle != Shuffle.BYTES or elem < 2:
-        return dense
-    first, rest = planes(raw, elem)
-    op = dataclasses.replace(dense.op, shuffle=Shuffle.PLANES)
-    klass = f"{dense.stream_class}/planes"
-    return _Choice(
-        op, first, f"{klass}/0", method=f"{dense.method}-planes", aux=rest, aux_class=f"{klass}/1+"
+    else:
+        main = _Choice(op, raw, klass, method=method)
+    if np.count_nonzero(raw) > raw.size * _SPARSE_MAX_DENSITY:
+        return [main]
+    positions, values = sparsify(raw)
+    sparse = dataclasses.replace(
+        op, shuffle=Shuffle.SPARSE, positions_length=positions.size, values_length=values.size
     )
+    return [
+        main,
+        _Choice(
+            sparse,
+            positions,
+            f"{klass}/sparse/positions",
+            method=f"{method}-sparse",
+            aux=values,
+            aux_class=f"{klass}/sparse/values",
+        ),
+    ]
 
 
 def _cost(choices: list[_Choice]) -> int:
