@@ -33,23 +33,32 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from edgepack.format.constants import Encoding
 from edgepack.format.errors import EncodingError
+from edgepack.format.layout import S8_ROW_BYTES
 
 __all__ = [
     "GROUP_BITS",
+    "S8_MAX",
+    "S8_ROW_BYTES",
     "dequantize_group",
     "dequantize_int4_group",
     "dequantize_int8_channel",
+    "expand_s8",
+    "group_values",
     "pack_codes",
     "pack_nibbles",
     "quantize_group",
     "quantize_int4_group",
     "quantize_int8_channel",
+    "s8_multipliers",
+    "snap_s8",
     "unpack_codes",
     "unpack_nibbles",
 ]
 
 GROUP_BITS = (4, 3, 2)  # code widths of the group encodings
+S8_MAX = 127  # *_S8 group scales: int8 codes in [-127, 127] times a float32 per row
 
 # Rows are processed in chunks of about this many elements so temporaries stay small.
 _CHUNK_ELEMS = 1 << 18
@@ -261,14 +270,19 @@ def unpack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def quantize_group(
-    w: np.ndarray, bits: int, group_size: int, symmetric: bool
+    w: np.ndarray, bits: int, group_size: int, symmetric: bool, scale_bits: int = 16
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Group-wise ``bits``-bit codes (4, 3, 2); returns ``(codes, scales, mins | None)``.
 
     ``codes``: uint8 ``[R, C * bits / 8]`` packed (:func:`pack_codes`); ``scales``: float16
-    ``[R, C/g]``; ``mins`` (same shape) only for the asymmetric form.
+    ``[R, C/g]``; ``mins`` (same shape) only for the asymmetric form. With
+    ``scale_bits=8`` (the ``*_S8`` encodings) scales and mins are stored parts of
+    :func:`snap_s8` (uint8 ``[R, 4 + C/g]``) and the codes are computed against the
+    float16 values those parts decode to.
     """
     bits = _check_bits(bits)
+    if scale_bits not in (16, 8):
+        raise EncodingError(f"group scales have 16 or 8 bits, got {scale_bits!r}")
     m, shape = _as_matrix(w)
     rows, cols = m.shape
     _check_group(cols, group_size)
@@ -276,9 +290,12 @@ def quantize_group(
     ngroups = cols // g
     half = 1 << (bits - 1)
     top = (1 << bits) - 1
+    s8 = scale_bits == 8
     codes = np.empty((rows, cols * bits // 8), np.uint8)
-    scales = np.empty((rows, ngroups), np.float16)
-    mins = None if symmetric else np.empty((rows, ngroups), np.float16)
+    pshape = (rows, S8_ROW_BYTES + ngroups) if s8 else (rows, ngroups)
+    pdtype = np.uint8 if s8 else np.float16
+    scales = np.empty(pshape, pdtype)
+    mins = None if symmetric else np.empty(pshape, pdtype)
     with np.errstate(all="ignore"):
         for r0, r1 in _row_blocks(rows, cols):
             blk = m[r0:r1]
@@ -286,8 +303,14 @@ def quantize_group(
             if symmetric:
                 idx = np.abs(grp).argmax(axis=-1)
                 peak = np.take_along_axis(grp, idx[..., None], axis=-1)[..., 0]
-                d16 = (peak / _F32(-half)).astype(np.float16)
-                _raise_first_error(blk, r0, shape, (("scale", d16),), bits)
+                d32 = peak / _F32(-half)
+                if s8:
+                    _raise_first_error(blk, r0, shape, (("scale", d32.astype(np.float16)),), bits)
+                    scales[r0:r1], d16 = snap_s8(d32)
+                else:
+                    d16 = d32.astype(np.float16)
+                    _raise_first_error(blk, r0, shape, (("scale", d16),), bits)
+                    scales[r0:r1] = d16
                 d = d16.astype(_F32)
                 x = grp * _reciprocal(d)[..., None]
                 np.rint(x, out=x)
@@ -296,18 +319,84 @@ def quantize_group(
             else:
                 lo = grp.min(axis=-1) + _ZERO  # + 0 turns -0 into +0
                 hi = grp.max(axis=-1) + _ZERO
-                d16 = ((hi - lo) / _F32(top)).astype(np.float16)
-                m16 = lo.astype(np.float16)
-                _raise_first_error(blk, r0, shape, (("scale", d16), ("min", m16)), bits)
+                d32 = (hi - lo) / _F32(top)
+                f16 = (("scale", d32.astype(np.float16)), ("min", lo.astype(np.float16)))
+                _raise_first_error(blk, r0, shape, f16, bits)
+                if s8:
+                    scales[r0:r1], d16 = snap_s8(d32)
+                    mins[r0:r1], m16 = snap_s8(lo)
+                else:
+                    d16, m16 = f16[0][1], f16[1][1]
+                    scales[r0:r1], mins[r0:r1] = d16, m16
                 d = d16.astype(_F32)
                 x = grp - m16.astype(_F32)[..., None]
                 x *= _reciprocal(d)[..., None]
                 np.rint(x, out=x)
                 np.clip(x, 0, top, out=x)
-                mins[r0:r1] = m16
             codes[r0:r1] = pack_codes(x.astype(np.uint8).reshape(blk.shape[0], cols), bits)
-            scales[r0:r1] = d16
     return codes, scales, mins
+
+
+def snap_s8(
+    values: np.ndarray, multipliers: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``*_S8`` form of per-group float32 ``values [R, G]``: ``(part, decoded)``.
+
+    Per row ``a = max|v| / 127`` (float32; or the given ``multipliers``) and
+    ``q = clamp(rint(v * (1/a)), -127, 127)``; ``part`` is uint8 ``[R, 4 + G]`` (``a`` as
+    little-endian float32, then ``q`` as int8) and ``decoded`` the float16 values
+    :func:`expand_s8` gives for it.
+    """
+    v = np.ascontiguousarray(values, _F32)
+    if v.ndim != 2:
+        raise EncodingError(f"group values must be 2-D, got shape {v.shape}")
+    with np.errstate(all="ignore"):
+        if multipliers is None:
+            a = np.abs(v).max(axis=1, initial=_ZERO) / _F32(S8_MAX)
+        else:
+            a = np.ascontiguousarray(multipliers, _F32).reshape(v.shape[0])
+        q = v * _reciprocal(a)[:, None]
+        np.rint(q, out=q)
+        np.clip(q, -S8_MAX, S8_MAX, out=q)
+        q[np.isnan(q)] = 0
+    part = np.empty((v.shape[0], S8_ROW_BYTES + v.shape[1]), np.uint8)
+    part[:, :S8_ROW_BYTES] = a.astype("<f4").view(np.uint8).reshape(-1, S8_ROW_BYTES)
+    part[:, S8_ROW_BYTES:] = q.astype(np.int8).view(np.uint8)
+    return part, expand_s8(part)
+
+
+def expand_s8(part: np.ndarray) -> np.ndarray:
+    """float16 group values ``f16(a_r * q[r, j])`` of a stored ``*_S8`` scales/zeros part
+    (uint8 ``[R, 4 + G]``); raises EncodingError if a value is not a finite binary16."""
+    p = np.asarray(part)
+    if p.dtype != np.uint8 or p.ndim != 2 or p.shape[1] < S8_ROW_BYTES:
+        raise EncodingError(f"8-bit group scales must be uint8 [R, 4 + G], got {p.dtype} {p.shape}")
+    a = s8_multipliers(p)
+    q = p[:, S8_ROW_BYTES:].view(np.int8).astype(_F32)
+    with np.errstate(all="ignore"):
+        out = (q * a[:, None]).astype(np.float16)
+    if not np.isfinite(a).all() or not np.isfinite(out).all():
+        bad = np.argwhere(~np.isfinite(out))
+        row = (
+            int(np.flatnonzero(~np.isfinite(a))[0]) if not np.isfinite(a).all() else int(bad[0][0])
+        )
+        raise EncodingError(f"8-bit group scales of row {row} do not decode to finite binary16")
+    return out
+
+
+def group_values(
+    encoding: Encoding, scales: np.ndarray, zeros: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """float16 ``(scales, mins)`` ``[R, C/g]`` of stored group parts, whatever the scale
+    width: ``*_S8`` parts are expanded (:func:`expand_s8`), binary16 ones returned as is."""
+    if encoding.scale_bits != 8:
+        return scales, zeros
+    return expand_s8(scales), None if zeros is None else expand_s8(zeros)
+
+
+def s8_multipliers(part: np.ndarray) -> np.ndarray:
+    """The float32 row multipliers of a stored ``*_S8`` part (uint8 ``[R, 4 + G]``)."""
+    return np.ascontiguousarray(part[:, :S8_ROW_BYTES]).view("<f4").reshape(-1).astype(_F32)
 
 
 def dequantize_group(

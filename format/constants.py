@@ -49,6 +49,12 @@ class Encoding(enum.IntEnum):
     INT3_GROUP_ASYM = 23
     INT2_GROUP_SYM = 24
     INT2_GROUP_ASYM = 25
+    INT4_GROUP_SYM_S8 = 26
+    INT4_GROUP_ASYM_S8 = 27
+    INT3_GROUP_SYM_S8 = 28
+    INT3_GROUP_ASYM_S8 = 29
+    INT2_GROUP_SYM_S8 = 30
+    INT2_GROUP_ASYM_S8 = 31
     LOW_RANK = 40
 
     @property
@@ -57,8 +63,21 @@ class Encoding(enum.IntEnum):
 
     @property
     def is_group(self) -> bool:
-        """Group-wise integer codes with float16 scales (int4, int3, int2)."""
+        """Group-wise integer codes (int4, int3, int2), with float16 or 8-bit group scales."""
         return self in _GROUP_BITS
+
+    @property
+    def scale_bits(self) -> int:
+        """Bits of one stored group scale (and min): 16 (binary16) or 8 (the ``*_S8``
+        encodings: int8 per group times a float32 per row). 0 for other encodings."""
+        if self in _S8_BASE:
+            return 8
+        return 16 if self in _GROUP_BITS else 0
+
+    @property
+    def base(self) -> Encoding:
+        """The binary16-scale encoding a ``*_S8`` one expands to (itself otherwise)."""
+        return _S8_BASE.get(self, self)
 
     @property
     def is_symmetric(self) -> bool:
@@ -68,6 +87,9 @@ class Encoding(enum.IntEnum):
             Encoding.INT4_GROUP_SYM,
             Encoding.INT3_GROUP_SYM,
             Encoding.INT2_GROUP_SYM,
+            Encoding.INT4_GROUP_SYM_S8,
+            Encoding.INT3_GROUP_SYM_S8,
+            Encoding.INT2_GROUP_SYM_S8,
         )
 
     @property
@@ -83,10 +105,11 @@ class Encoding(enum.IntEnum):
         }.get(self, 0)
 
     @classmethod
-    def group(cls, bits: int, symmetric: bool) -> Encoding:
-        """The group encoding of ``bits`` (4, 3 or 2) bits, symmetric or not."""
+    def group(cls, bits: int, symmetric: bool, scale_bits: int = 16) -> Encoding:
+        """The group encoding of ``bits`` (4, 3 or 2) bits, symmetric or not, with
+        binary16 (``scale_bits=16``) or 8-bit (``scale_bits=8``) group scales."""
         for enc, b in _GROUP_BITS.items():
-            if b == bits and enc.is_symmetric == symmetric:
+            if b == bits and enc.is_symmetric == symmetric and enc.scale_bits == scale_bits:
                 return enc
         raise ValueError(f"no group encoding has {bits} bits (4, 3 or 2)")
 
@@ -98,6 +121,20 @@ _GROUP_BITS = {
     Encoding.INT3_GROUP_ASYM: 3,
     Encoding.INT2_GROUP_SYM: 2,
     Encoding.INT2_GROUP_ASYM: 2,
+    Encoding.INT4_GROUP_SYM_S8: 4,
+    Encoding.INT4_GROUP_ASYM_S8: 4,
+    Encoding.INT3_GROUP_SYM_S8: 3,
+    Encoding.INT3_GROUP_ASYM_S8: 3,
+    Encoding.INT2_GROUP_SYM_S8: 2,
+    Encoding.INT2_GROUP_ASYM_S8: 2,
+}
+_S8_BASE = {
+    Encoding.INT4_GROUP_SYM_S8: Encoding.INT4_GROUP_SYM,
+    Encoding.INT4_GROUP_ASYM_S8: Encoding.INT4_GROUP_ASYM,
+    Encoding.INT3_GROUP_SYM_S8: Encoding.INT3_GROUP_SYM,
+    Encoding.INT3_GROUP_ASYM_S8: Encoding.INT3_GROUP_ASYM,
+    Encoding.INT2_GROUP_SYM_S8: Encoding.INT2_GROUP_SYM,
+    Encoding.INT2_GROUP_ASYM_S8: Encoding.INT2_GROUP_ASYM,
 }
 
 

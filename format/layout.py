@@ -14,9 +14,10 @@ import numpy as np
 
 from .constants import MAX_GROUP_SIZE, MIN_GROUP_SIZE, Encoding
 
-__all__ = ["PartLayout", "TensorLayout", "as_matrix_shape", "tensor_layout"]
+__all__ = ["S8_ROW_BYTES", "PartLayout", "TensorLayout", "as_matrix_shape", "tensor_layout"]
 
 BF16 = np.dtype("<u2")  # numpy has no bfloat16: bf16 data is exposed as raw uint16
+S8_ROW_BYTES = 4  # *_S8 scales/zeros rows start with a little-endian float32 multiplier
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,10 @@ def tensor_layout(encoding: Encoding, shape: tuple[int, ...], group_size: int = 
             raise ValueError(f"row length {cols} is not a multiple of the group size {g}")
         # int4: 2 codes a byte; int3: 8 codes in 3 bytes; int2: 4 codes a byte (g % 8 == 0)
         codes = PartLayout(np.dtype("u1"), (rows, cols * encoding.bits // 8))
-        scales = PartLayout(np.dtype("<f2"), (rows, cols // g))
+        if encoding.scale_bits == 8:  # per row: float32 multiplier, then int8 per group
+            scales = PartLayout(np.dtype("u1"), (rows, S8_ROW_BYTES + cols // g))
+        else:
+            scales = PartLayout(np.dtype("<f2"), (rows, cols // g))
         zeros = None if encoding.is_symmetric else scales
         return TensorLayout(codes, scales, zeros)
     raise ValueError(f"no layout for encoding {encoding!r}")

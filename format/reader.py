@@ -47,14 +47,22 @@ class QuantizedTensor:
     def shape(self) -> tuple[int, ...]:
         return self.entry.shape
 
+    def group_values(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """float16 group ``(scales, mins)`` ``[R, C/g]`` (``*_S8`` parts expanded, a copy;
+        binary16 parts are the zero-copy views)."""
+        from . import codecs
+
+        return codecs.group_values(self.encoding, self.scales, self.zeros)
+
     def dequantize(self) -> np.ndarray:
         from . import codecs
 
         if self.encoding == Encoding.INT8_CHANNEL:
             out = codecs.dequantize_int8_channel(self.codes, self.scales)
         else:
+            scales, zeros = self.group_values()
             out = codecs.dequantize_group(
-                self.codes, self.scales, self.zeros, self.encoding.bits, self.entry.group_size
+                self.codes, scales, zeros, self.encoding.bits, self.entry.group_size
             )
         return out.reshape(self.shape)
 

@@ -948,7 +948,8 @@ def _probe_ids(samples: list[list[int]], tokens: int = _PROBE_TOKENS) -> list[li
 
 def _probe_label(t: TensorSensitivity) -> str | None:
     """The probe quantizes with a low-bit option, where errors are well above noise."""
-    for pref in ("int3-g32", "int3-g64", "int3-g32-asym", "int2-g32-asym", "int4-g32"):
+    prefs = ("int3-g32-s8", "int3-g32", "int3-g64", "int3-g32-asym", "int2-g32-asym", "int4-g32")
+    for pref in prefs:
         if any(o.label == pref for o in t.options):
             return pref
     opts = sorted((o for o in t.options if not o.rank), key=lambda o: o.nbytes)

@@ -39,6 +39,7 @@ _DECODE_OP = {
     Encoding.INT3_GROUP_ASYM: "decode.int3_group_asym",
     Encoding.INT2_GROUP_SYM: "decode.int2_group_sym",
     Encoding.INT2_GROUP_ASYM: "decode.int2_group_asym",
+    **{e: f"decode.{e.name.lower()}" for e in Encoding if e.scale_bits == 8},
     Encoding.LOW_RANK: "decode.low_rank",
 }
 

@@ -26,6 +26,8 @@ class EncodingChoice:
     def label(self) -> str:
         if self.encoding.is_group:
             suffix = "" if self.encoding.is_symmetric else "-asym"
+            if self.encoding.scale_bits == 8:
+                suffix += "-s8"
             return f"int{self.encoding.bits}-g{self.group_size}{suffix}"
         return {Encoding.INT8_CHANNEL: "int8"}.get(self.encoding, self.encoding.name.lower())
 
@@ -39,11 +41,12 @@ class EncodedTensor:
     zeros: np.ndarray | None = None
 
 
-_GROUP = re.compile(r"^int([234])-g(\d+)(-asym|-sym)?$")
+_GROUP = re.compile(r"^int([234])-g(\d+)(-asym|-sym)?(-s8)?$")
 
 
 def parse_encoding(text: str) -> EncodingChoice:
-    """``f32 | f16 | bf16 | int8 | int{4,3,2}-g{32,64,128}[-asym]`` -> EncodingChoice."""
+    """``f32 | f16 | bf16 | int8 | int{4,3,2}-g{16,32,64,128}[-asym][-s8]`` -> EncodingChoice
+    (``-s8``: 8-bit group scales, see spec/FORMAT.md)."""
     simple = {
         "f32": Encoding.F32,
         "f16": Encoding.F16,
@@ -54,9 +57,11 @@ def parse_encoding(text: str) -> EncodingChoice:
         return EncodingChoice(simple[text])
     m = _GROUP.match(text)
     if m:
-        return EncodingChoice(Encoding.group(int(m[1]), m[3] != "-asym"), int(m[2]))
+        enc = Encoding.group(int(m[1]), m[3] != "-asym", 8 if m[4] else 16)
+        return EncodingChoice(enc, int(m[2]))
     raise ValueError(
-        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or int4|int3|int2-g32/g64/g128[-asym]"
+        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or "
+        "int4|int3|int2-g16/g32/g64/g128[-asym][-s8]"
     )
 
 
@@ -90,7 +95,11 @@ def _encode(w: np.ndarray, choice: EncodingChoice, shape: tuple[int, ...]) -> En
         codes, scales = (kernels or codecs).quantize_int8_channel(matrix)
         return EncodedTensor(choice, shape, codes, scales)
     if enc.is_group:
-        if enc.bits == 4:
+        if enc.scale_bits == 8:
+            codes, scales, zeros = codecs.quantize_group(
+                matrix, enc.bits, choice.group_size, enc.is_symmetric, scale_bits=8
+            )
+        elif enc.bits == 4:
             codes, scales, zeros = (kernels or codecs).quantize_int4_group(
                 matrix, choice.group_size, enc.is_symmetric
             )

@@ -167,19 +167,15 @@ def _time_matmul(kernels, lin, x: np.ndarray, repeats: int) -> float:
 
 
 def _linear(rows: int, cols: int, choice: EncodingChoice, rng: np.random.Generator):
-    from edgepack.runtime_shim.weights import Linear
+    from edgepack.runtime_shim.weights import Linear, quantized_linear
 
     w = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
     e = encode_tensor(w, choice)
-    return Linear(
-        f"lut.{rows}x{cols}.{choice.label}",
-        choice.encoding,
-        rows,
-        cols,
-        codes=e.codes.reshape(rows, -1) if choice.encoding.is_float else e.codes,
-        scales=e.scales,
-        zeros=e.zeros,
-        group_size=choice.group_size,
+    name = f"lut.{rows}x{cols}.{choice.label}"
+    if choice.encoding.is_float:
+        return Linear(name, choice.encoding, rows, cols, codes=e.codes.reshape(rows, -1))
+    return quantized_linear(
+        name, choice.encoding, rows, cols, e.codes, e.scales, e.zeros, choice.group_size
     )
 
 

@@ -304,7 +304,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def _linear(name: str, values: Any, bias: np.ndarray | None) -> Any:
     """A runtime ``Linear`` holding ``values`` (see :meth:`FakeQuantModel.swap`)."""
-    from edgepack.runtime_shim.weights import Linear
+    from edgepack.runtime_shim.weights import Linear, quantized_linear
 
     if isinstance(values, tuple):
         u, v = (_linear(f"{name}.{k}", p, None) for k, p in zip("uv", values, strict=True))
@@ -312,15 +312,17 @@ def _linear(name: str, values: Any, bias: np.ndarray | None) -> Any:
     if isinstance(values, EncodedTensor):
         enc = values.choice.encoding
         rows, cols = values.shape[0], math.prod(values.shape[1:])
-        return Linear(
+        if enc.is_float:
+            return Linear(name, enc, rows, cols, codes=values.codes.reshape(rows, -1), bias=bias)
+        return quantized_linear(
             name,
             enc,
             rows,
             cols,
-            codes=values.codes.reshape(rows, -1) if enc.is_float else values.codes,
-            scales=values.scales,
-            zeros=values.zeros,
-            group_size=values.choice.group_size,
+            values.codes,
+            values.scales,
+            values.zeros,
+            values.choice.group_size,
             bias=bias,
         )
     values = np.ascontiguousarray(values, _F32)

@@ -24,6 +24,12 @@ RUNTIME_OPERATORS: dict[str, int] = {
     "decode.int3_group_asym": 1,
     "decode.int2_group_sym": 1,
     "decode.int2_group_asym": 1,
+    "decode.int4_group_sym_s8": 1,
+    "decode.int4_group_asym_s8": 1,
+    "decode.int3_group_sym_s8": 1,
+    "decode.int3_group_asym_s8": 1,
+    "decode.int2_group_sym_s8": 1,
+    "decode.int2_group_asym_s8": 1,
     "decode.low_rank": 1,
     "arch.llama": 1,
 }

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgepack.format import Encoding, Package, QuantizedTensor
-from edgepack.format.errors import CorruptPackageError
+from edgepack.format.errors import CorruptPackageError, EncodingError
 
 from .config import LlamaConfig
 
@@ -172,18 +172,52 @@ def _linear(pkg: Package, name: str, bias: str | None = None) -> Linear:
         return Linear(name, entry.encoding, rows, cols, bias=b, factors=(u, v))
     stored = pkg.tensor(name)
     if isinstance(stored, QuantizedTensor):
-        return Linear(
+        return quantized_linear(
             name,
             entry.encoding,
             rows,
             cols,
-            codes=stored.codes,
-            scales=stored.scales,
-            zeros=stored.zeros,
-            group_size=entry.group_size,
+            stored.codes,
+            stored.scales,
+            stored.zeros,
+            entry.group_size,
             bias=b,
         )
     return Linear(name, entry.encoding, rows, cols, codes=stored.reshape(rows, cols), bias=b)
+
+
+def quantized_linear(
+    name: str,
+    encoding: Encoding,
+    rows: int,
+    cols: int,
+    codes: np.ndarray,
+    scales: np.ndarray | None,
+    zeros: np.ndarray | None,
+    group_size: int,
+    bias: np.ndarray | None = None,
+) -> Linear:
+    """A :class:`Linear` over stored integer parts. 8-bit group scales (``*_S8``) are
+    expanded once to the binary16 ones every kernel reads (R x C/g values, a few % of
+    the codes' size) and the weight runs as the binary16 encoding; codes stay mapped."""
+    from edgepack.format import codecs
+
+    if encoding.is_group:
+        try:
+            scales, zeros = codecs.group_values(encoding, scales, zeros)
+        except EncodingError as exc:
+            raise CorruptPackageError(f"{name}: {exc}") from None
+    return Linear(
+        name,
+        encoding.base,
+        rows,
+        cols,
+        codes=codes,
+        scales=scales,
+        zeros=zeros,
+        group_size=group_size,
+        bias=bias,
+    )
 
 
 def _vector(pkg: Package, name: str, size: int) -> np.ndarray:

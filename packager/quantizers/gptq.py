@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgepack.format import codecs
 from edgepack.format.errors import EncodingError
 
 from ..encode import EncodedTensor, EncodingChoice
@@ -104,6 +105,8 @@ def gptq_quantize(
     diag = np.diag(h).astype(_F32)
     perm = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(cols)
 
+    s8 = enc.scale_bits == 8
+
     def params_for(block: np.ndarray, h_diag: np.ndarray) -> GroupParams:
         if scale_search:
             return search_params(block, bits, g, sym, h_diag)
@@ -113,11 +116,19 @@ def gptq_quantize(
     d_all = np.zeros((rows, ngroups), np.float16)
     z_all = None if sym else np.zeros((rows, ngroups), np.float16)
     have = np.zeros(ngroups, bool)
+    static = params_for(W, diag) if act_order or s8 else None
+    if s8:
+        # 8-bit scales are multiples of a per-row float32: fix those from the original
+        # weights, then every group's scale (chosen now or when reached) snaps to them
+        static = static.snapped()
+        d_mult = codecs.s8_multipliers(static.d_part)
+        z_mult = None if sym else codecs.s8_multipliers(static.z_part)
+        d_q = static.d_part.copy()
+        z_q = None if sym else static.z_part.copy()
     if act_order:  # static groups from the original weights
-        p = params_for(W, diag)
-        d_all[:], have[:] = p.d, True
+        d_all[:], have[:] = static.d, True
         if z_all is not None:
-            z_all[:] = p.z
+            z_all[:] = static.z
 
     U = _inverse_cholesky(h[np.ix_(perm, perm)], damp).astype(_F32)
     # Work on W^T (a column of W is a contiguous row here). Within a block, column i's
@@ -140,6 +151,12 @@ def gptq_quantize(
                 if i:
                     cur = cur - U[i1 : i1 + i, i1 + i : i1 + i + g].T @ ET[:i]
                 p = params_for(np.ascontiguousarray(cur.T), diag[c : c + g])
+                if s8:
+                    part, p.d = codecs.snap_s8(p.d.astype(_F32), d_mult)
+                    d_q[:, codecs.S8_ROW_BYTES + gi] = part[:, codecs.S8_ROW_BYTES]
+                    if z_all is not None:
+                        part, p.z = codecs.snap_s8(p.z.astype(_F32), z_mult)
+                        z_q[:, codecs.S8_ROW_BYTES + gi] = part[:, codecs.S8_ROW_BYTES]
                 d_all[:, gi] = p.d[:, 0]
                 if z_all is not None:
                     z_all[:, gi] = p.z[:, 0]
@@ -156,6 +173,8 @@ def gptq_quantize(
     codes = np.ascontiguousarray(codes.T)
     deq = np.ascontiguousarray(deq.T)
     params = GroupParams(d_all, z_all, bits, g)
+    if s8:
+        params.d_part, params.z_part = d_q, z_q
     try:
         encoded = encode_codes(codes, params, choice, shape)
     except EncodingError as exc:

@@ -38,12 +38,23 @@ _SEARCH_ROWS = 4096  # rows searched at a time
 
 
 class GroupParams:
-    """Float16 scales ``d`` and mins ``z`` (None: symmetric) of ``[R, C/g]`` groups."""
+    """Float16 scales ``d`` and mins ``z`` (None: symmetric) of ``[R, C/g]`` groups; for
+    the ``*_S8`` encodings also their stored 8-bit parts (``d_part``, ``z_part``), of
+    which ``d``/``z`` are the decoded values."""
 
-    __slots__ = ("bits", "d", "g", "z")
+    __slots__ = ("bits", "d", "d_part", "g", "z", "z_part")
 
-    def __init__(self, d: np.ndarray, z: np.ndarray | None, bits: int, g: int) -> None:
+    def __init__(
+        self,
+        d: np.ndarray,
+        z: np.ndarray | None,
+        bits: int,
+        g: int,
+        d_part: np.ndarray | None = None,
+        z_part: np.ndarray | None = None,
+    ) -> None:
         self.d, self.z, self.bits, self.g = d, z, bits, g
+        self.d_part, self.z_part = d_part, z_part
 
     @property
     def symmetric(self) -> bool:
@@ -52,6 +63,14 @@ class GroupParams:
     def take(self, r0: int, r1: int, g0: int, g1: int) -> GroupParams:
         z = None if self.z is None else self.z[r0:r1, g0:g1]
         return GroupParams(self.d[r0:r1, g0:g1], z, self.bits, self.g)
+
+    def snapped(self) -> GroupParams:
+        """These parameters moved onto the 8-bit scale grid of the ``*_S8`` encodings."""
+        d_part, d = codecs.snap_s8(self.d.astype(_F32))
+        z_part = z = None
+        if self.z is not None:
+            z_part, z = codecs.snap_s8(self.z.astype(_F32))
+        return GroupParams(d, z, self.bits, self.g, d_part, z_part)
 
 
 def _inv(d: np.ndarray) -> np.ndarray:
@@ -87,9 +106,15 @@ def dequantize_codes(q: np.ndarray, d: np.ndarray, z: np.ndarray | None, bits: i
     return out
 
 
-def codec_params(w: np.ndarray, bits: int, g: int, symmetric: bool) -> GroupParams:
+def codec_params(
+    w: np.ndarray, bits: int, g: int, symmetric: bool, scale_bits: int = 16
+) -> GroupParams:
     """The codec's own scale rule (what ``codecs.quantize_group`` stores)."""
-    _, scales, mins = codecs.quantize_group(w, bits, g, symmetric)
+    _, scales, mins = codecs.quantize_group(w, bits, g, symmetric, scale_bits)
+    if scale_bits == 8:
+        d = codecs.expand_s8(scales)
+        z = None if mins is None else codecs.expand_s8(mins)
+        return GroupParams(d, z, bits, g, scales, mins)
     return GroupParams(scales, mins, bits, g)
 
 
@@ -193,9 +218,13 @@ def encode_codes(
     for what, arr in (("scale", params.d), ("min", params.z)):
         if arr is not None and not np.isfinite(arr).all():
             raise EncodingError(f"a float16 {what} overflows (weights too large)")
-    return EncodedTensor(
-        choice, shape, codes, params.d.copy(), None if params.z is None else params.z.copy()
-    )
+    if choice.encoding.scale_bits == 8:
+        if params.d_part is None or (params.z is not None and params.z_part is None):
+            raise EncodingError("8-bit group scales were not snapped (GroupParams.snapped)")
+        d, z = params.d_part, params.z_part
+    else:
+        d, z = params.d, params.z
+    return EncodedTensor(choice, shape, codes, d.copy(), None if z is None else z.copy())
 
 
 def rtn_quantize(
@@ -218,14 +247,19 @@ def rtn_quantize(
     if not np.isfinite(m).all():
         encode_tensor(w, choice, name)  # raises the codec's error, naming the position
     g, bits, sym = choice.group_size, enc.bits, enc.is_symmetric
+    s8 = enc.scale_bits == 8
     rows = m.shape[0]
     q = np.empty(m.shape, np.uint8)
     deq = np.empty(m.shape, _F32)
     d_all = np.empty((rows, m.shape[1] // g), np.float16)
     z_all = None if sym else np.empty_like(d_all)
+    parts: list[GroupParams] = []
     for r0 in range(0, rows, _SEARCH_ROWS):  # rows are independent: bounded temporaries
         r1 = min(rows, r0 + _SEARCH_ROWS)
         p = search_params(m[r0:r1], bits, g, sym, h)
+        if s8:
+            p = p.snapped()
+            parts.append(p)
         df = np.repeat(p.d.astype(_F32), g, axis=1)
         zf = None if p.z is None else np.repeat(p.z.astype(_F32), g, axis=1)
         qf = quantize_codes(m[r0:r1], df, zf, bits)
@@ -234,8 +268,13 @@ def rtn_quantize(
         d_all[r0:r1] = p.d
         if z_all is not None:
             z_all[r0:r1] = p.z
+    params = GroupParams(d_all, z_all, bits, g)
+    if s8:  # row blocks snap independently (multipliers are per row): stack their parts
+        params.d_part = np.concatenate([p.d_part for p in parts])
+        if not sym:
+            params.z_part = np.concatenate([p.z_part for p in parts])
     try:
-        encoded = encode_codes(q, GroupParams(d_all, z_all, bits, g), choice, shape)
+        encoded = encode_codes(q, params, choice, shape)
     except EncodingError as exc:
         raise EncodingError(f"{name}: {exc}") from None
     return encoded, deq
@@ -253,4 +292,5 @@ def decode(e: EncodedTensor) -> np.ndarray:
         return (e.codes.astype(np.uint32) << 16).view(_F32).reshape(rows, -1)
     if enc == Encoding.INT8_CHANNEL:
         return codecs.dequantize_int8_channel(e.codes, e.scales)
-    return codecs.dequantize_group(e.codes, e.scales, e.zeros, enc.bits, e.choice.group_size)
+    scales, zeros = codecs.group_values(enc, e.scales, e.zeros)
+    return codecs.dequantize_group(e.codes, scales, zeros, enc.bits, e.choice.group_size)
