@@ -176,11 +176,12 @@ def build_package(
                 w.add_tensor(name, enc, *parts, shape=values.shape)
                 out = codecs.dequantize_int8_channel(*parts)
             else:
-                sym = enc == Encoding.INT4_GROUP_SYM
-                c, s, z = codecs.quantize_int4_group(values, _GROUP, symmetric=sym)
+                sym, bits = enc.is_symmetric, enc.bits
+                c, s, z = codecs.quantize_group(values, bits, _GROUP, sym, enc.scale_bits)
                 parts = (c, s) if sym else (c, s, z)
                 w.add_tensor(name, enc, c, s, z, shape=values.shape, group_size=_GROUP)
-                out = codecs.dequantize_int4_group(c, s, z, _GROUP)
+                d, m = codecs.group_values(enc, s, z)
+                out = codecs.dequantize_group(c, d, m, bits, _GROUP)
             stored[name], encodings[name] = tuple(parts), enc
             deq[name] = out.reshape(values.shape)
 
@@ -207,7 +208,8 @@ def build_package(
             # 3-D quantized tensor: viewed as [R, prod(rest)] by the encodings
             add_quant(p + "ffn_down.weight", Encoding.INT4_GROUP_ASYM, weights(hidden, 2, hidden))
         add_float("output_norm.weight", Encoding.F32, 1 + weights(hidden))
-        add_quant("output.weight", Encoding.INT4_GROUP_SYM, weights(vocab, hidden))
+        # 8-bit group scales: a float32 multiplier and int8 values per row
+        add_quant("output.weight", Encoding.INT3_GROUP_ASYM_S8, weights(vocab, hidden))
 
         vocab_json = json.dumps(
             {"model": {"type": "BPE", "vocab": {f"tok{i}": i for i in range(vocab)}}},
