@@ -38,10 +38,14 @@ __all__ = ["DEFAULT_ENCODINGS", "LatencyTable", "model_overhead_ms", "profile"]
 DEFAULT_ENCODINGS = (
     "f16",
     "int8",
+    "int4-g16",
+    "int4-g16-asym",
     "int4-g32",
     "int4-g32-asym",
     "int4-g64",
     "int4-g64-asym",
+    "int3-g16",
+    "int3-g16-asym",
     "int3-g32",
     "int3-g32-asym",
     "int3-g64",
@@ -76,6 +80,8 @@ class LatencyTable:
         return f"{rows}x{cols} {label}"
 
     def matmul_ms(self, rows: int, cols: int, label: str) -> float:
+        if label.endswith("-s8") and not any(k.endswith(f" {label}") for k in self.entries):
+            label = label.removesuffix("-s8")  # 8-bit scales run the twin's kernels
         k = self.key(rows, cols, label)
         if k in self.entries:
             return self.entries[k]
