@@ -25,7 +25,7 @@ pair it prints our delta size, create and apply time and peak RSS beside ``bsdif
 Each measured command runs in its own subprocess, so peak RSS is that of the work alone
 (``resource.getrusage(RUSAGE_CHILDREN)`` after it ends, read in a one-job wrapper).
 
-    python bench/delta.py [--quick] [--encodings int4,int8] [--scenarios abABcde]
+    python bench/delta.py [--quick] [--encodings int4,int8,int4s8] [--scenarios abABcde]
                           [--workdir DIR] [--json OUT.json] [--no-cache]
 
 ``--quick`` skips bsdiff4 and xdelta3 (bsdiff4 takes minutes and GiBs per pair). The
@@ -459,7 +459,7 @@ def base_package(workdir: Path, encoding: str) -> Path:
     from edgepack.packager.convert import convert
     from edgepack.packager.sample_models import default_cache_dir, fetch_smollm2
 
-    label = {"int4": "int4-g32", "int8": "int8"}[encoding]
+    label = {"int4": "int4-g32", "int8": "int8", "int4s8": "int4-g32-s8"}[encoding]
     out = workdir / f"smollm2-{encoding}.epk"
     if not out.exists():
         convert(fetch_smollm2(default_cache_dir()), out, encoding=label)

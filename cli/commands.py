@@ -41,8 +41,8 @@ def keygen(name: str) -> None:
     "--encoding",
     default="f32",
     show_default=True,
-    help="f32 | f16 | bf16 | int8 | int4-g32 | int4-g64 | int4-g128 (append -asym "
-    "for asymmetric int4).",
+    help="f32 | f16 | bf16 | int8 | int4|int3|int2-g16|g32|g64|g128, then -asym for "
+    "asymmetric groups and -s8 for 8-bit group scales (e.g. int4-g32-asym-s8).",
 )
 @click.option(
     "--embedding-encoding",

@@ -185,18 +185,17 @@ def _linear(rows: int, cols: int, choice: EncodingChoice, rng: np.random.Generat
     )
 
 
-def _model_shapes(path: str | Path) -> tuple[list[tuple[int, int]], dict[str, Any]]:
+def _model_shapes(path: str | Path) -> tuple[list[tuple[int, int]], dict[str, Any], set[str]]:
+    """The model's matrix shapes, its config and the encoding labels its matrices use (the
+    decode step measured for the overhead is predicted from those)."""
     from edgepack.format import Package
 
     with Package.open(path) as pkg:
-        shapes = sorted(
-            {
-                (t.shape[0], math.prod(t.shape[1:]))
-                for t in pkg.header.tensors
-                if len(t.shape) >= 2 and t.encoding != Encoding.LOW_RANK
-            }
-        )
-        return shapes, dict(pkg.header.identity.config)
+        mats = [
+            t for t in pkg.header.tensors if len(t.shape) >= 2 and t.encoding != Encoding.LOW_RANK
+        ]
+        shapes = sorted({(t.shape[0], math.prod(t.shape[1:])) for t in mats})
+        return shapes, dict(pkg.header.identity.config), {_label_of(t) for t in mats}
 
 
 def decode_ms(
@@ -271,11 +270,13 @@ def profile(
     from edgepack.runtime_shim.kernels import select_kernels
 
     config = None
-    if shapes is None:
-        if model is not None:
-            shapes, config = _model_shapes(model)
-        else:
-            shapes = list(DEFAULT_SHAPES)
+    encodings = list(encodings)
+    if model is not None:
+        model_shapes, config, labels = _model_shapes(model)
+        shapes = model_shapes if shapes is None else shapes
+        encodings += sorted(labels - set(encodings))  # e.g. f32 for a float model
+    elif shapes is None:
+        shapes = list(DEFAULT_SHAPES)
     choices = [parse_encoding(e) for e in encodings]
     k = select_kernels(kernels, threads)
     rng = np.random.default_rng(seed)

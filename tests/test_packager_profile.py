@@ -52,3 +52,14 @@ def test_profile_with_model_measures_overhead(tmp_path: Path) -> None:
     table = profile(model=pkg, encodings=("int8", "int4-g32"), kernels="numpy", repeats=1)
     assert len(table.overhead) == 1
     assert predict_package_ms(table, pkg) > 0
+
+
+def test_profile_with_a_float_model_times_its_own_encoding(tmp_path: Path) -> None:
+    """The measured decode step is predicted from the model's encodings, so those are
+    profiled even when not asked for (an f32 model used to end in a KeyError)."""
+    from runtime_fixtures import convert_to, tiny_model_dir
+
+    pkg = convert_to(tmp_path, tiny_model_dir(tmp_path), "f32")
+    table = profile(model=pkg, encodings=("int8",), kernels="numpy", repeats=1)
+    assert "f32" in table.fits and "int8" in table.fits
+    assert len(table.overhead) == 1 and predict_package_ms(table, pkg) > 0
