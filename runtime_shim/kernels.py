@@ -753,9 +753,8 @@ class NativeKernels(_CompositeLayer):
                 if p.native is not None:
                     continue
                 try:
-                    p.native = self.mod.Weight(
-                        p.codes, p.scales, p.zeros, int(p.encoding), p.group_size
-                    )
+                    codes, enc = _native_codes(p)
+                    p.native = self.mod.Weight(codes, p.scales, p.zeros, int(enc), p.group_size)
                 except (TypeError, ValueError):
                     name = p.encoding.name.lower()
                     unbound[name] = unbound.get(name, 0) + 1
@@ -978,6 +977,20 @@ class NativeKernels(_CompositeLayer):
         if not np.isfinite(x).all():
             return LayerResult(x, "non-finite layer output")
         return LayerResult(x, None)
+
+
+def _native_codes(p: Linear) -> tuple[np.ndarray, Encoding]:
+    """Codes and encoding to bind natively. int3/int2 codes are widened to int4 nibbles
+    once (same scales and mins, so every decoded value is identical) to run on the int4
+    kernels: 4 bits of memory per weight instead of 3 or 2, against about 50x the speed
+    of their numpy path."""
+    enc = p.encoding
+    if not enc.is_group or enc.bits == 4:
+        return p.codes, enc
+    q = codecs.unpack_codes(p.codes, enc.bits)
+    if enc.is_symmetric:  # (c - 2^(b-1)) * d == ((c + 8 - 2^(b-1)) - 8) * d
+        q += np.uint8(8 - (1 << (enc.bits - 1)))
+    return codecs.pack_nibbles(q), Encoding.group(4, enc.is_symmetric)
 
 
 def _overflowed(group: int) -> QuantizedActivations:

@@ -263,20 +263,43 @@ def _mixed_package(root: Path) -> Path:
     return out
 
 
+def _mixed_logits(pkg: Path, kernels: str, activations: str) -> tuple[np.ndarray, list]:
+    with rt.open(pkg, kv="float", kernels=kernels, activations=activations) as m:
+        seq = m.new_sequence()
+        prefill = m.forward(seq, IDS[:40], logits="all")
+        steps = [m.forward(seq, [t]) for t in IDS[40:44]]
+        lw = m.weights.layers[0]
+        bound = [lw.q.native, lw.down.native, lw.v.native, lw.k.native]
+        return np.concatenate([prefill, np.stack(steps)]), bound
+
+
 @pytest.mark.skipif(not _native_available(), reason="no native runtime kernels")
 @pytest.mark.parametrize("activations", ["float", "auto"])
-def test_native_falls_back_per_weight(root: Path, activations: str) -> None:
+def test_native_runs_int3_int2_as_widened_int4(root: Path, activations: str) -> None:
     pkg = _mixed_package(root)
-    out = {}
-    for kernels in ("numpy", "native"):
-        with rt.open(pkg, kv="float", kernels=kernels, activations=activations) as m:
-            q = m.weights.layers[0].q
-            assert q.encoding == Encoding.INT3_GROUP_SYM
-            if kernels == "native":
-                assert q.native is None and m.weights.layers[0].k.native is not None
-            seq = m.new_sequence()
-            prefill = m.forward(seq, IDS[:40], logits="all")
-            steps = [m.forward(seq, [t]) for t in IDS[40:44]]
-            out[kernels] = np.concatenate([prefill, np.stack(steps)])
-    assert np.isfinite(out["native"]).all()
-    assert cosine(out["native"], out["numpy"]) > 0.999
+    ref, _ = _mixed_logits(pkg, "numpy", activations)
+    out, bound = _mixed_logits(pkg, "native", activations)
+    q, down, v, _ = bound
+    assert q.encoding == "int4_sym" and down.encoding == "int4_asym" and v.group == 64
+    assert np.isfinite(out).all() and cosine(out, ref) > 0.999
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not _native_available(), reason="no native runtime kernels")
+def test_native_falls_back_per_weight(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight the extension refuses stays on numpy; the others stay native."""
+    from edgepack.runtime_shim import kernels as kmod
+
+    widen = kmod._native_codes
+
+    def refuse_int3(p):
+        if p.encoding.bits == 3:
+            raise ValueError("no int3 kernel in this build")
+        return widen(p)
+
+    monkeypatch.setattr(kmod, "_native_codes", refuse_int3)
+    pkg = _mixed_package(root)
+    ref, _ = _mixed_logits(pkg, "numpy", "auto")
+    out, (q, down, _, k) = _mixed_logits(pkg, "native", "auto")
+    assert q is None and k is not None and down is not None
+    assert np.isfinite(out).all() and cosine(out, ref) > 0.999

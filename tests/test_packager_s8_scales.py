@@ -118,7 +118,7 @@ def test_quantizers_are_bit_exact_with_the_decoder(label: str, act_order: bool) 
 
 def test_recipe_kinds() -> None:
     labels = [c.label for c in QuantizeSpec().candidates()]
-    assert "int3-g32-s8" in labels and "int4-g32-asym" in labels and "int3-g16-asym-s8" in labels
+    assert "int3-g32-s8" in labels and "int4-g32-asym" in labels and "int3-g32-asym-s8" in labels
     spec = QuantizeSpec(encodings=("int3-asym-s8", "int2-s8"), group_sizes=(32,))
     assert [c.label for c in spec.candidates()] == ["int3-g32-asym-s8", "int2-g32-s8"]
 
