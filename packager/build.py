@@ -55,6 +55,7 @@ from .encode import EncodedTensor, EncodingChoice, encode_tensor, parse_encoding
 from .factorize import add_low_rank_options, factor_names, factorize
 from .quantizers import gptq_quantize, output_error, rtn_quantize
 from .quantizers.awq import Transforms, awq_scales, scale_sites
+from .quantizers.rtn import embedding_weights
 from .quantizers.smoothquant import smooth_scales
 from .recipe import Recipe
 from .search import Plan, SearchError, search
@@ -535,10 +536,7 @@ def _quantize_embedding(
     site = stats.site(t.name) if stats is not None else None
     h = site.mean_hessian if site is not None else None
     search = recipe.quantize.scale_search and choice.encoding.is_group
-    hd = None
-    if h is not None and search:
-        d = np.diag(h)
-        hd = d / max(float(d.mean()), 1e-30) + 1.0
+    hd = embedding_weights(h) if search else None
     freq = None
     if stats is not None and stats.token_counts is not None and stats.token_counts.size == rows:
         freq = stats.token_counts / max(stats.tokens, 1)
@@ -749,6 +747,7 @@ def _build(
         candidates,
         fixed=_fixed_for(recipe, candidates),
         tied_head=tied,
+        embed_search=recipe.quantize.scale_search,
         on_tensor=lambda n: progress.advance(1, n),
     )
     set_importance(sens, stats)
@@ -780,7 +779,13 @@ def _build(
         kinds = {s.kind for s in sens if s.fixed is None and len(s.options) > 1}
         progress.phase("probe", len(kinds) + (1 if tied else 0))
         mult, details = probe_multipliers(
-            fq, probe_ids, sens, fm.load, _probe_label, on_kind=lambda k: progress.advance(1, k)
+            fq,
+            probe_ids,
+            sens,
+            fm.load,
+            _probe_label,
+            on_kind=lambda k: progress.advance(1, k),
+            quantize_embedding=lambda t, c: _quantize_embedding(fm, t, c, stats, recipe)[0],
         )
         set_importance(sens, stats, mult)
         probe_info = {"multipliers": mult, "kinds": details}

@@ -34,7 +34,7 @@ from edgepack.format.layout import tensor_layout
 
 from .calibration import CalibrationStats
 from .encode import EncodedTensor, EncodingChoice, encode_tensor
-from .quantizers.rtn import rtn_quantize
+from .quantizers.rtn import embedding_weights, rtn_quantize
 
 __all__ = [
     "FakeQuantModel",
@@ -163,13 +163,17 @@ def measure_sensitivity(
     *,
     fixed: Callable[[str], EncodingChoice | None] = lambda name: None,
     tied_head: str | None = None,
+    embed_search: bool = False,
     on_tensor: Callable[[str], None] | None = None,
     seed: int = 0,
 ) -> list[TensorSensitivity]:
     """Errors and sizes of every candidate for every 2-D tensor; 1-D tensors stay f32.
 
     ``tied_head``: the tensor that is both the embedding and the output head (its head
-    error is recorded as ``extra_err``). Importances are set by :func:`set_importance`.
+    error is recorded as ``extra_err``). ``embed_search``: the build quantizes the
+    embedding with the weighted scale search (no GPTQ: it is looked up), so its errors
+    are measured that way too (at 4 bits the search halves the head's KL on SmolLM2,
+    which plain-RTN errors would not show). Importances are set by :func:`set_importance`.
     """
     rng = np.random.default_rng(seed)
     out: list[TensorSensitivity] = []
@@ -210,11 +214,13 @@ def measure_sensitivity(
         choices = [pinned] if pinned is not None else list(candidates)
         opts = []
         wq = w if sample is None else np.ascontiguousarray(w[sample])
+        hw = embedding_weights(h) if is_embed and embed_search else None
         for c in choices:
             fit = fit_group(c, cols)
             if fit is None:
                 continue
-            _, deq = rtn_quantize(wq, fit, name=name)
+            search = is_embed and embed_search and fit.encoding.is_group
+            _, deq = rtn_quantize(wq, fit, hw, search, name=name)
             err, lookup, mse = _errors(w, deq, h, lookup_freq, sample)
             proxy = (trace / cols) * mse * w.size
             if is_embed:
@@ -406,9 +412,12 @@ def probe_multipliers(
     load: Callable[[str], np.ndarray],
     probe_label: Callable[[TensorSensitivity], str | None],
     on_kind: Callable[[str], None] | None = None,
+    quantize_embedding: Callable[[TensorSensitivity, EncodingChoice], EncodedTensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Per tensor kind, measured KL of quantizing every tensor of that kind (to the option
     ``probe_label`` names) over its predicted cost: the kind's importance multiplier.
+    Tensors are quantized by plain RTN, the embedding by ``quantize_embedding`` when
+    given (the quantizer its predicted errors were measured with).
 
     Returns ``(multipliers, details)``; kinds whose predicted cost is ~0 keep 1.
     """
@@ -432,7 +441,10 @@ def probe_multipliers(
     for kind, members in kinds.items():
         predicted = 0.0
         for t, opt, role in members:
-            enc = encode_tensor(load(t.name), opt.choice, t.name)  # RTN, kept encoded
+            if t.kind == "embed" and quantize_embedding is not None:
+                enc = quantize_embedding(t, opt.choice)
+            else:
+                enc = encode_tensor(load(t.name), opt.choice, t.name)  # RTN, kept encoded
             fq.swap(t.name, enc, role)
             predicted += (
                 t.extra_importance * opt.extra_err if role == "head" else t.importance * opt.err

@@ -119,3 +119,41 @@ def test_single_choice_everywhere() -> None:
     assert all(
         o.choice == EncodingChoice(Encoding.INT4_GROUP_SYM, 32) for o in plan.choices.values()
     )
+
+
+def test_embedding_errors_come_from_the_builds_scale_search() -> None:
+    """The build quantizes a tied embedding by the weighted scale search, so its
+    candidates' head errors must be that quantizer's: plain-RTN errors overstated the
+    4-bit head (about 2x in KL on SmolLM2) and the search paid for int8 instead."""
+    from edgepack.packager.calibration import CalibrationStats, SiteStats
+    from edgepack.packager.quantizers.gptq import output_error
+    from edgepack.packager.quantizers.rtn import embedding_weights, rtn_quantize
+    from edgepack.packager.sensitivity import measure_sensitivity
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 64)) * rng.uniform(0.2, 2, 64)).astype(np.float32)
+    x = (rng.standard_normal((512, 64)) * rng.uniform(0.1, 4, 64)).astype(np.float32)
+    site = SiteStats.empty(64)
+    site.add(x, rng)
+    stats = CalibrationStats(sites={"embed.weight": site}, tokens=256)
+    stats.token_counts = np.ones(256, np.int64)
+    cands = [parse_encoding("int4-g32"), parse_encoding("int8")]
+
+    def measure(search: bool) -> TensorSensitivity:
+        (t,) = measure_sensitivity(
+            ["embed.weight"],
+            [(256, 64)],
+            lambda name: w,
+            stats,
+            cands,
+            tied_head="embed.weight",
+            embed_search=search,
+        )
+        return t
+
+    plain, searched = measure(False).option("int4-g32"), measure(True).option("int4-g32")
+    assert searched.extra_err < 0.9 * plain.extra_err
+    h = site.mean_hessian
+    _, deq = rtn_quantize(w, cands[0], embedding_weights(h), True)
+    assert searched.extra_err == pytest.approx(output_error(deq - w, h), rel=1e-4)
+    assert measure(True).option("int8").extra_err == measure(False).option("int8").extra_err

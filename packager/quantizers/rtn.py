@@ -25,6 +25,7 @@ __all__ = [
     "GroupParams",
     "codec_params",
     "dequantize_codes",
+    "embedding_weights",
     "encode_codes",
     "quantize_codes",
     "rtn_quantize",
@@ -71,6 +72,16 @@ class GroupParams:
         if self.z is not None:
             z_part, z = codecs.snap_s8(self.z.astype(_F32))
         return GroupParams(d, z, self.bits, self.g, d_part, z_part)
+
+
+def embedding_weights(h: np.ndarray | None) -> np.ndarray | None:
+    """Column weights of the scale search for a token embedding that is also the head:
+    the head's input second moments (normalised) plus 1, since every lookup row weighs
+    all columns alike. None (plain weights) without a Hessian."""
+    if h is None:
+        return None
+    d = np.diag(h).astype(np.float64)
+    return d / max(float(d.mean()), 1e-30) + 1.0
 
 
 def _inv(d: np.ndarray) -> np.ndarray:
