@@ -375,11 +375,9 @@ def expand_s8(part: np.ndarray) -> np.ndarray:
     q = p[:, S8_ROW_BYTES:].view(np.int8).astype(_F32)
     with np.errstate(all="ignore"):
         out = (q * a[:, None]).astype(np.float16)
-    if not np.isfinite(a).all() or not np.isfinite(out).all():
-        bad = np.argwhere(~np.isfinite(out))
-        row = (
-            int(np.flatnonzero(~np.isfinite(a))[0]) if not np.isfinite(a).all() else int(bad[0][0])
-        )
+    bad = ~np.isfinite(a) | ~np.isfinite(out).all(axis=1)
+    if bad.any():
+        row = int(np.argmax(bad))
         raise EncodingError(f"8-bit group scales of row {row} do not decode to finite binary16")
     return out
 

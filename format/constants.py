@@ -121,12 +121,6 @@ _GROUP_BITS = {
     Encoding.INT3_GROUP_ASYM: 3,
     Encoding.INT2_GROUP_SYM: 2,
     Encoding.INT2_GROUP_ASYM: 2,
-    Encoding.INT4_GROUP_SYM_S8: 4,
-    Encoding.INT4_GROUP_ASYM_S8: 4,
-    Encoding.INT3_GROUP_SYM_S8: 3,
-    Encoding.INT3_GROUP_ASYM_S8: 3,
-    Encoding.INT2_GROUP_SYM_S8: 2,
-    Encoding.INT2_GROUP_ASYM_S8: 2,
 }
 _S8_BASE = {
     Encoding.INT4_GROUP_SYM_S8: Encoding.INT4_GROUP_SYM,
@@ -136,6 +130,7 @@ _S8_BASE = {
     Encoding.INT2_GROUP_SYM_S8: Encoding.INT2_GROUP_SYM,
     Encoding.INT2_GROUP_ASYM_S8: Encoding.INT2_GROUP_ASYM,
 }
+_GROUP_BITS.update({s8: _GROUP_BITS[twin] for s8, twin in _S8_BASE.items()})
 
 
 class SectionKind(enum.IntEnum):

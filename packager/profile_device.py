@@ -80,7 +80,7 @@ class LatencyTable:
         return f"{rows}x{cols} {label}"
 
     def matmul_ms(self, rows: int, cols: int, label: str) -> float:
-        if label.endswith("-s8") and not any(k.endswith(f" {label}") for k in self.entries):
+        if label.endswith("-s8") and label not in self.fits:
             label = label.removesuffix("-s8")  # 8-bit scales run the twin's kernels
         k = self.key(rows, cols, label)
         if k in self.entries:

@@ -438,11 +438,15 @@ def probe_multipliers(
             kinds.setdefault(key, []).append((t, opt, None))
     mult: dict[str, float] = {}
     details: dict[str, dict[str, float]] = {}
+    embedded: dict[tuple[str, str], EncodedTensor] = {}  # a tied one serves two kinds
     for kind, members in kinds.items():
         predicted = 0.0
         for t, opt, role in members:
             if t.kind == "embed" and quantize_embedding is not None:
-                enc = quantize_embedding(t, opt.choice)
+                key = (t.name, opt.label)
+                if key not in embedded:
+                    embedded[key] = quantize_embedding(t, opt.choice)
+                enc = embedded[key]
             else:
                 enc = encode_tensor(load(t.name), opt.choice, t.name)  # RTN, kept encoded
             fq.swap(t.name, enc, role)

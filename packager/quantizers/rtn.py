@@ -117,15 +117,9 @@ def dequantize_codes(q: np.ndarray, d: np.ndarray, z: np.ndarray | None, bits: i
     return out
 
 
-def codec_params(
-    w: np.ndarray, bits: int, g: int, symmetric: bool, scale_bits: int = 16
-) -> GroupParams:
+def codec_params(w: np.ndarray, bits: int, g: int, symmetric: bool) -> GroupParams:
     """The codec's own scale rule (what ``codecs.quantize_group`` stores)."""
-    _, scales, mins = codecs.quantize_group(w, bits, g, symmetric, scale_bits)
-    if scale_bits == 8:
-        d = codecs.expand_s8(scales)
-        z = None if mins is None else codecs.expand_s8(mins)
-        return GroupParams(d, z, bits, g, scales, mins)
+    _, scales, mins = codecs.quantize_group(w, bits, g, symmetric)
     return GroupParams(scales, mins, bits, g)
 
 
