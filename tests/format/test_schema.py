@@ -19,7 +19,7 @@ from edgepack.format.schema import (
     SignatureAlgorithm,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(shutil.which("flatc") is None, reason="flatc (flatbuffers-compiler) missing")

@@ -811,7 +811,7 @@ def test_gil_released_during_matmul(threads: None) -> None:
 
 # ------------------------------------------------------------------ NEON (cross-compiled)
 
-NATIVE_SRC = Path(__file__).resolve().parents[1] / "native" / "src"
+NATIVE_SRC = Path(__file__).resolve().parents[2] / "native" / "src"
 
 
 @pytest.mark.skipif(
@@ -1115,7 +1115,7 @@ def test_stub_declares_every_public_name() -> None:
     """native/_kernels.pyi is the runtime's contract: it must match the module exactly."""
     import ast
 
-    stub = Path(__file__).resolve().parents[1] / "native" / "_kernels.pyi"
+    stub = Path(__file__).resolve().parents[2] / "native" / "_kernels.pyi"
     tree = ast.parse(stub.read_text())
     declared = {
         n.name
