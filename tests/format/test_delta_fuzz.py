@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 import pytest
@@ -30,8 +29,7 @@ from edgepack.format.delta.container import (
 )
 from edgepack.server.delta import DeltaOptions, create_delta
 
-ITERATIONS = 3000
-BUDGET_S = 18.0
+ITERATIONS = 3000  # a fixed, seeded count: the same mutants on every machine
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +216,7 @@ def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> Non
     target = d / "out.epk"
     bad = d / "bad.epkd"
     outcomes: dict[str, int] = {}
-    start = time.perf_counter()
-    n = 0
-    while n < ITERATIONS and time.perf_counter() - start < BUDGET_S:
+    for n in range(ITERATIONS):
         mutator = mutators[n % len(mutators)]
         bad.write_bytes(mutator(raw, rng))
         target.write_bytes(b"old release")
@@ -232,7 +228,6 @@ def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> Non
         else:
             outcomes["ok"] = outcomes.get("ok", 0) + 1
             assert target.read_bytes() == expected
-        n += 1
     leftovers = {p.name for p in d.iterdir()} - {
         "old.epk",
         "new.epk",
@@ -241,9 +236,8 @@ def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> Non
         "bad.epkd",
     }
     assert not leftovers
-    # 3000 take ~8 s on an idle 2-core machine; the budget keeps a loaded one under 20 s
-    assert n >= 1000, f"only {n} iterations in {BUDGET_S} s"
-    print(n, outcomes)
+    assert sum(outcomes.values()) == ITERATIONS
+    print(ITERATIONS, outcomes)
     assert len(outcomes) >= 4, outcomes  # the mutations reach several layers
 
 

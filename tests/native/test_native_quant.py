@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from gilcheck import runs_python_during
 
 from edgepack.format import codecs
 from edgepack.format.errors import EncodingError
@@ -373,32 +372,11 @@ def test_loader_returns_extension(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_gil_is_released_during_kernel() -> None:
-    """A pure-Python loop keeps running while another thread is inside the kernel."""
+    """A pure-Python thread runs while another thread is inside the kernel."""
     previous = k.active_isa()
-    k.set_isa("scalar")  # slowest path: the call takes long enough to measure
+    k.set_isa("scalar")  # slowest path: the call lasts long enough to overlap
     try:
         w = np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32)
-        k.quantize_int4_group(w[:64], 32, True, threads=1)  # warm up
-        span: list[float] = []
-        done = threading.Event()
-
-        def worker() -> None:
-            t0 = time.perf_counter()
-            k.quantize_int4_group(w, 32, True, threads=1)
-            span.append(time.perf_counter() - t0)
-            done.set()
-
-        thread = threading.Thread(target=worker)
-        last = time.perf_counter()
-        max_gap = 0.0
-        thread.start()
-        while not done.is_set():
-            now = time.perf_counter()
-            max_gap = max(max_gap, now - last)
-            last = now
-        thread.join()
+        assert runs_python_during(lambda: k.quantize_int4_group(w, 32, True, threads=1))
     finally:
         k.set_isa(previous)
-    assert span[0] > 0.03, "kernel too fast for a meaningful check"
-    # Holding the GIL would stall this loop for the whole call.
-    assert max_gap < span[0] / 2, f"main thread stalled {max_gap:.3f}s of a {span[0]:.3f}s call"
