@@ -1,4 +1,5 @@
-# edgepack developer entry points. The README documents two: `make demo` and `make test`.
+# edgepack developer entry points. The README documents `make demo` and `make test` (set up)
+# and `make test-fast` (the inner loop).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -8,7 +9,7 @@ export EDGEPACK_CACHE ?= $(HOME)/.cache/edgepack/models
 
 NATIVE_SOURCES := $(shell find native -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt')
 
-.PHONY: demo test lint install system-deps bench clean
+.PHONY: demo test test-fast lint install system-deps bench clean
 
 # Editable install into a private venv; redone when the build inputs change.
 $(STAMP): pyproject.toml CMakeLists.txt $(NATIVE_SOURCES)
@@ -20,15 +21,24 @@ $(STAMP): pyproject.toml CMakeLists.txt $(NATIVE_SOURCES)
 install: $(STAMP)
 
 # flatc (schema regeneration test). Best effort: tests that need it skip without it.
+# .ci/run installs the rest CI needs (the aarch64 cross compiler and qemu for NEON).
 system-deps:
-	@command -v flatc >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq flatbuffers-compiler; \
-	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq flatbuffers-compiler; \
-	  else echo "flatc not found and cannot apt-get; the schema regeneration test will skip"; fi; }
+	@.ci/system-deps flatc || echo "flatc not installed; the schema regeneration test will skip"
 
+LINT := $(BIN)/python -m ruff check format packager runtime_shim server cli native tests bench
+
+# Everything, slow tests included (real models, fuzzing, crash trials): < 10 min on 2 cores.
 test: install system-deps
-	$(BIN)/python -m ruff check format packager runtime_shim server cli native tests bench
-	$(BIN)/python -m pytest -q
+	$(LINT)
+	$(BIN)/python -m pytest -q --durations=25
+
+lint: install
+	$(LINT)
+
+# The inner loop: the same without the tests marked slow.
+test-fast: install
+	$(LINT)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The main job end to end on the embedded defaults: SmolLM2-135M from PyPI.
 demo: install

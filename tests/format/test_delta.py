@@ -482,6 +482,7 @@ _MEASURE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_patch_memory_is_bounded(tmp_path: Path) -> None:
     """One 64 MB tensor, changed: patch's peak RSS stays well under the tensor's size."""

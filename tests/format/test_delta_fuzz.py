@@ -206,6 +206,7 @@ def _raw(raw: bytes, rng: np.random.Generator) -> bytes:
     return bytes(b)
 
 
+@pytest.mark.slow
 def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> None:
     d, old, new, delta = corpus
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is not what is fuzzed

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from s3server import MotoServer, s3_server  # noqa: F401
 from test_releases import download, make_pkg, updater
 
@@ -115,6 +116,7 @@ class StoreChecker:
         return problems
 
 
+@pytest.mark.slow
 def test_killing_publish_never_exposes_a_partial_release(
     s3_server: MotoServer,  # noqa: F811
     tmp_path: Path,
