@@ -787,6 +787,7 @@ def test_gil_released_during_matmul(threads: None) -> None:
 NATIVE_SRC = Path(__file__).resolve().parents[2] / "native" / "src"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (shutil.which("aarch64-linux-gnu-g++") and shutil.which("qemu-aarch64")),
     reason="needs aarch64-linux-gnu-g++ and qemu-aarch64",
