@@ -106,7 +106,8 @@ def test_codec_round_trips(rec: EncodingInfo, tmp_path: Path) -> None:
     g = 32 if rec.is_group else 0
     enc = encode_tensor(w, EncodingChoice(rec.encoding, g))
     layout = tensor_layout(rec.encoding, SHAPE, g)
-    for part, want in zip((enc.codes, enc.scales, enc.zeros), (layout.codes, layout.scales, layout.zeros), strict=True):
+    parts = (enc.codes, enc.scales, enc.zeros)
+    for part, want in zip(parts, (layout.codes, layout.scales, layout.zeros), strict=True):
         assert (part is None) == (want is None)
         if part is not None:
             assert part.dtype == want.dtype and part.shape == want.shape
@@ -115,14 +116,15 @@ def test_codec_round_trips(rec: EncodingInfo, tmp_path: Path) -> None:
     assert err <= MAX_REL_ERROR[rec.bits], err
     path = tmp_path / "one.epk"
     with PackageWriter(path, ModelIdentity("t", "1.0.0", "llama")) as pw:
-        pw.add_tensor("w", rec.encoding, enc.codes, enc.scales, enc.zeros, shape=SHAPE, group_size=g)
+        pw.add_tensor("w", rec.encoding, *parts, shape=SHAPE, group_size=g)
         pw.finish()
     with Package.open(path) as pkg:
         np.testing.assert_array_equal(pkg.dequantize("w"), values)
         stored = pkg.tensor("w")
         if rec.is_float:
             return
-        lin = quantized_linear("w", rec.encoding, *SHAPE, stored.codes, stored.scales, stored.zeros, g)
+        views = (stored.codes, stored.scales, stored.zeros)
+        lin = quantized_linear("w", rec.encoding, *SHAPE, *views, g)
         assert lin.encoding is rec.base
         rows = np.array([5, 0, 3])
         np.testing.assert_array_equal(decode_rows(lin, rows), values[rows])
