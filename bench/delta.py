@@ -123,7 +123,7 @@ def write_variant(
             change = modify(t.name, t, pkg) if modify else None
             if change is not None:
                 changes[t.name] = change
-                ops.add((_decode_op(change[1].encoding), 1))
+                ops.add((change[1].encoding.info.operator, 1))
         with PackageWriter(
             new_path,
             identity,
@@ -164,12 +164,6 @@ def write_variant(
             for kind, name, data, media in extra_sections:
                 w.add_section(kind, data, name=name, media_type=media)
             w.finish()
-
-
-def _decode_op(enc: Encoding) -> str:
-    from edgepack.packager.convert import _DECODE_OP
-
-    return _DECODE_OP[enc]
 
 
 def lora_update(w: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -33,7 +33,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from edgepack.format.constants import Encoding
+from edgepack.format.constants import MAX_GROUP_SIZE as _MAX_GROUP
+from edgepack.format.constants import MIN_GROUP_SIZE as _MIN_GROUP
+from edgepack.format.encodings import REGISTRY, Encoding, Family
 from edgepack.format.errors import EncodingError
 from edgepack.format.layout import S8_ROW_BYTES
 
@@ -41,6 +43,7 @@ __all__ = [
     "GROUP_BITS",
     "S8_MAX",
     "S8_ROW_BYTES",
+    "dequantize",
     "dequantize_group",
     "dequantize_int4_group",
     "dequantize_int8_channel",
@@ -57,13 +60,11 @@ __all__ = [
     "unpack_nibbles",
 ]
 
-GROUP_BITS = (4, 3, 2)  # code widths of the group encodings
+GROUP_BITS = tuple(dict.fromkeys(r.bits for r in REGISTRY if r.is_group))  # (4, 3, 2)
 S8_MAX = 127  # *_S8 group scales: int8 codes in [-127, 127] times a float32 per row
 
 # Rows are processed in chunks of about this many elements so temporaries stay small.
 _CHUNK_ELEMS = 1 << 18
-_MIN_GROUP = 8
-_MAX_GROUP = 4096
 
 _F32 = np.float32
 _ONE = _F32(1.0)
@@ -390,6 +391,32 @@ def group_values(
     if encoding.scale_bits != 8:
         return scales, zeros
     return expand_s8(scales), None if zeros is None else expand_s8(zeros)
+
+
+def dequantize(
+    encoding: Encoding,
+    codes: np.ndarray,
+    scales: np.ndarray | None = None,
+    zeros: np.ndarray | None = None,
+    group_size: int = 0,
+) -> np.ndarray:
+    """float32 values of a tensor's stored parts, in any encoding but LOW_RANK: the one
+    decoder the reader, the runtime's embedding lookup and the delta predictor share.
+
+    Floats keep the shape of ``codes`` (bfloat16 given as raw uint16); integer encodings
+    give ``[R, C]``. ``*_S8`` parts are expanded (:func:`group_values`) first.
+    """
+    rec = Encoding(encoding).info
+    if rec.is_float:
+        if rec.encoding == Encoding.BF16:  # the upper half of a float32
+            return (np.asarray(codes).astype(np.uint32) << 16).view(_F32)
+        return np.asarray(codes).astype(_F32)
+    if rec.family is Family.CHANNEL:
+        return dequantize_int8_channel(codes, scales)
+    if rec.is_group:
+        scales, zeros = group_values(rec.encoding, scales, zeros)
+        return dequantize_group(codes, scales, zeros, rec.bits, group_size)
+    raise EncodingError(f"{rec.name} stores no parts to dequantize (decode its factors)")
 
 
 def s8_multipliers(part: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from .header import (
     TensorEntry,
 )
 
-__all__ = ["decode_header"]
+__all__ = ["decode_header", "offset_vectors"]
 
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -158,6 +158,20 @@ def decode_header(buf: bytes) -> Header:
         return _decode(buf)
     except CorruptPackageError:
         raise
+    except _FAILURES as exc:
+        raise CorruptPackageError(f"header is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def offset_vectors(buf: bytes) -> dict[str, tuple[int, int]]:
+    """``{"tensors": (start, count), "sections": ...}``: where the header's vectors of
+    table offsets lie in ``buf`` (start of the elements, 4 bytes each; ``(0, 0)`` when
+    absent). They all shift together when anything before them grows, which a delta
+    codes as a difference against the old header's vectors."""
+    if len(buf) < 8 or buf[4:8] != b"EPK1":
+        raise CorruptPackageError("header does not carry the flatbuffer identifier EPK1")
+    try:
+        root = _Table(buf, _U32.unpack_from(buf, 0)[0], {})
+        return {"tensors": root.vector(_H.TENSORS, 4), "sections": root.vector(_H.SECTIONS, 4)}
     except _FAILURES as exc:
         raise CorruptPackageError(f"header is malformed ({type(exc).__name__}: {exc})") from None
 

@@ -12,11 +12,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from .constants import MAX_GROUP_SIZE, MIN_GROUP_SIZE, Encoding
+from .constants import MAX_GROUP_SIZE, MIN_GROUP_SIZE
+from .encodings import Encoding, Family
 
 __all__ = ["S8_ROW_BYTES", "PartLayout", "TensorLayout", "as_matrix_shape", "tensor_layout"]
 
-BF16 = np.dtype("<u2")  # numpy has no bfloat16: bf16 data is exposed as raw uint16
 S8_ROW_BYTES = 4  # *_S8 scales/zeros rows start with a little-endian float32 multiplier
 
 
@@ -50,31 +50,30 @@ def tensor_layout(encoding: Encoding, shape: tuple[int, ...], group_size: int = 
 
     Raises ValueError with a user-readable reason when the combination is invalid.
     """
-    if encoding == Encoding.F32:
-        return TensorLayout(PartLayout(np.dtype("<f4"), shape), None, None)
-    if encoding == Encoding.F16:
-        return TensorLayout(PartLayout(np.dtype("<f2"), shape), None, None)
-    if encoding == Encoding.BF16:
-        return TensorLayout(PartLayout(BF16, shape), None, None)
-    if encoding == Encoding.LOW_RANK:
+    rec = encoding.info
+    if rec.is_float:
+        return TensorLayout(PartLayout(np.dtype(rec.code_dtype), shape), None, None)
+    if rec.is_low_rank:
         return TensorLayout(None, None, None)
     rows, cols = as_matrix_shape(shape)
-    if encoding == Encoding.INT8_CHANNEL:
+    if rec.family is Family.CHANNEL:
         return TensorLayout(
-            PartLayout(np.dtype("i1"), (rows, cols)), PartLayout(np.dtype("<f4"), (rows,)), None
+            PartLayout(np.dtype(rec.code_dtype), (rows, cols)),
+            PartLayout(np.dtype("<f4"), (rows,)),
+            None,
         )
-    if encoding.is_group:
+    if rec.is_group:
         g = group_size
         if g < MIN_GROUP_SIZE or g > MAX_GROUP_SIZE or g % 8:
             raise ValueError(f"group size {g} is not a multiple of 8 in [8, 4096]")
         if cols % g:
             raise ValueError(f"row length {cols} is not a multiple of the group size {g}")
         # int4: 2 codes a byte; int3: 8 codes in 3 bytes; int2: 4 codes a byte (g % 8 == 0)
-        codes = PartLayout(np.dtype("u1"), (rows, cols * encoding.bits // 8))
-        if encoding.scale_bits == 8:  # per row: float32 multiplier, then int8 per group
+        codes = PartLayout(np.dtype(rec.code_dtype), (rows, cols * rec.bits // 8))
+        if rec.scale_bits == 8:  # per row: float32 multiplier, then int8 per group
             scales = PartLayout(np.dtype("u1"), (rows, S8_ROW_BYTES + cols // g))
         else:
             scales = PartLayout(np.dtype("<f2"), (rows, cols // g))
-        zeros = None if encoding.is_symmetric else scales
+        zeros = None if rec.symmetric else scales
         return TensorLayout(codes, scales, zeros)
     raise ValueError(f"no layout for encoding {encoding!r}")

@@ -57,13 +57,9 @@ class QuantizedTensor:
     def dequantize(self) -> np.ndarray:
         from . import codecs
 
-        if self.encoding == Encoding.INT8_CHANNEL:
-            out = codecs.dequantize_int8_channel(self.codes, self.scales)
-        else:
-            scales, zeros = self.group_values()
-            out = codecs.dequantize_group(
-                self.codes, scales, zeros, self.encoding.bits, self.entry.group_size
-            )
+        out = codecs.dequantize(
+            self.encoding, self.codes, self.scales, self.zeros, self.entry.group_size
+        )
         return out.reshape(self.shape)
 
 
@@ -165,9 +161,9 @@ class Package:
         stored = self.tensor(name)
         if isinstance(stored, QuantizedTensor):
             return stored.dequantize()
-        if t.encoding == Encoding.BF16:
-            return (stored.astype(np.uint32) << 16).view(np.float32)
-        return stored.astype(np.float32)
+        from . import codecs
+
+        return codecs.dequantize(t.encoding, stored)
 
     def _view(self, span: Span, part) -> np.ndarray:
         if self._mm is None:

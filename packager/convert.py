@@ -28,20 +28,6 @@ from .importers import SourceModel, SourceTensor, open_source
 __all__ = ["ConvertResult", "TensorPlan", "convert", "plan_encodings", "required_operators"]
 
 EMBEDDING_NAMES = ("embed.weight", "output.weight")
-_DECODE_OP = {
-    Encoding.F32: "decode.f32",
-    Encoding.F16: "decode.f16",
-    Encoding.BF16: "decode.bf16",
-    Encoding.INT8_CHANNEL: "decode.int8_channel",
-    Encoding.INT4_GROUP_SYM: "decode.int4_group_sym",
-    Encoding.INT4_GROUP_ASYM: "decode.int4_group_asym",
-    Encoding.INT3_GROUP_SYM: "decode.int3_group_sym",
-    Encoding.INT3_GROUP_ASYM: "decode.int3_group_asym",
-    Encoding.INT2_GROUP_SYM: "decode.int2_group_sym",
-    Encoding.INT2_GROUP_ASYM: "decode.int2_group_asym",
-    **{e: f"decode.{e.name.lower()}" for e in Encoding if e.scale_bits == 8},
-    Encoding.LOW_RANK: "decode.low_rank",
-}
 
 
 @dataclass(frozen=True)
@@ -94,7 +80,7 @@ def plan_encodings(
 
 def required_operators(architecture: str, encodings: set[Encoding]) -> list[tuple[str, int]]:
     ops = [(f"arch.{architecture}", 1)]
-    ops += sorted((_DECODE_OP[e], 1) for e in encodings)
+    ops += sorted((e.info.operator, 1) for e in encodings)
     return ops
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from edgepack import native
 from edgepack.format import Encoding, EncodingError, codecs
+from edgepack.format.encodings import REGISTRY, by_label
 
 __all__ = ["EncodedTensor", "EncodingChoice", "encode_tensor", "parse_encoding"]
 
@@ -24,12 +25,7 @@ class EncodingChoice:
 
     @property
     def label(self) -> str:
-        if self.encoding.is_group:
-            suffix = "" if self.encoding.is_symmetric else "-asym"
-            if self.encoding.scale_bits == 8:
-                suffix += "-s8"
-            return f"int{self.encoding.bits}-g{self.group_size}{suffix}"
-        return {Encoding.INT8_CHANNEL: "int8"}.get(self.encoding, self.encoding.name.lower())
+        return self.encoding.info.label(self.group_size)
 
 
 @dataclass(frozen=True)
@@ -41,27 +37,21 @@ class EncodedTensor:
     zeros: np.ndarray | None = None
 
 
-_GROUP = re.compile(r"^int([234])-g(\d+)(-asym|-sym)?(-s8)?$")
+_SPELLED_SYM = re.compile(r"^(int\d+-g\d+)-sym(?=-s8$|$)")  # int4-g32-sym == int4-g32
+_PARSEABLE = [r for r in REGISTRY if not r.is_low_rank]  # low-rank is a build result
 
 
 def parse_encoding(text: str) -> EncodingChoice:
     """``f32 | f16 | bf16 | int8 | int{4,3,2}-g{16,32,64,128}[-asym][-s8]`` -> EncodingChoice
-    (``-s8``: 8-bit group scales, see spec/FORMAT.md)."""
-    simple = {
-        "f32": Encoding.F32,
-        "f16": Encoding.F16,
-        "bf16": Encoding.BF16,
-        "int8": Encoding.INT8_CHANNEL,
-    }
-    if text in simple:
-        return EncodingChoice(simple[text])
-    m = _GROUP.match(text)
-    if m:
-        enc = Encoding.group(int(m[1]), m[3] != "-asym", 8 if m[4] else 16)
-        return EncodingChoice(enc, int(m[2]))
+    (``-s8``: 8-bit group scales, see spec/FORMAT.md; ``-sym`` may be spelled out)."""
+    found = by_label(_SPELLED_SYM.sub(r"\1", text))
+    if found is not None and not found[0].is_low_rank:
+        rec, group_size = found
+        return EncodingChoice(rec.encoding, group_size)
+    simple = ", ".join(r.stem for r in _PARSEABLE if not r.is_group)
+    stems = "|".join(dict.fromkeys(r.stem for r in _PARSEABLE if r.is_group))
     raise ValueError(
-        f"unknown encoding {text!r}; use f32, f16, bf16, int8 or "
-        "int4|int3|int2-g16/g32/g64/g128[-asym][-s8]"
+        f"unknown encoding {text!r}; use {simple} or {stems}-g16/g32/g64/g128[-asym][-s8]"
     )
 
 

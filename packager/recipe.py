@@ -66,6 +66,7 @@ from typing import Any
 import tomllib
 
 from edgepack.format import Encoding
+from edgepack.format.encodings import REGISTRY
 from edgepack.format.errors import EXIT_USAGE, EdgepackError
 
 from .encode import EncodingChoice, parse_encoding
@@ -84,7 +85,7 @@ __all__ = [
     "parse_recipe",
 ]
 
-_GROUP_KINDS = ("int4", "int4-asym", "int3", "int3-asym", "int2", "int2-asym")
+_GROUP_KINDS = tuple(r.kind for r in REGISTRY if r.is_group and r.scale_bits == 16)
 _KINDS = (*_GROUP_KINDS, *(f"{k}-s8" for k in _GROUP_KINDS), "int8", "f16", "f32")
 ALGORITHMS = ("rtn", "gptq")
 SEARCH_METHODS = ("knapsack", "greedy")

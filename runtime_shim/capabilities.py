@@ -10,27 +10,13 @@ from __future__ import annotations
 from importlib import metadata
 
 from edgepack.format import Encoding, RuntimeCapabilities
+from edgepack.format.encodings import REGISTRY
 
 __all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
 
+# every encoding's decoder (edgepack.format.codecs, native kernels where built), version 1
 RUNTIME_OPERATORS: dict[str, int] = {
-    "decode.f32": 1,
-    "decode.f16": 1,
-    "decode.bf16": 1,
-    "decode.int8_channel": 1,
-    "decode.int4_group_sym": 1,
-    "decode.int4_group_asym": 1,
-    "decode.int3_group_sym": 1,
-    "decode.int3_group_asym": 1,
-    "decode.int2_group_sym": 1,
-    "decode.int2_group_asym": 1,
-    "decode.int4_group_sym_s8": 1,
-    "decode.int4_group_asym_s8": 1,
-    "decode.int3_group_sym_s8": 1,
-    "decode.int3_group_asym_s8": 1,
-    "decode.int2_group_sym_s8": 1,
-    "decode.int2_group_asym_s8": 1,
-    "decode.low_rank": 1,
+    **{r.operator: 1 for r in REGISTRY},
     "arch.llama": 1,
 }
 

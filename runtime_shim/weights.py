@@ -91,19 +91,10 @@ def decode_rows(t: Linear, ids: np.ndarray) -> np.ndarray:
     if t.factors is not None:
         u, v = t.factors
         return decode_rows(u, ids) @ decode_rows(v, np.arange(v.rows))
-    codes = t.codes
-    assert codes is not None
-    enc = t.encoding
-    if enc == Encoding.F32:
-        return np.array(codes[ids], np.float32)
-    if enc == Encoding.F16:
-        return codes[ids].astype(np.float32)
-    if enc == Encoding.BF16:
-        return (codes[ids].astype(np.uint32) << 16).view(np.float32)
-    if enc == Encoding.INT8_CHANNEL:
-        return codecs.dequantize_int8_channel(codes[ids], t.scales[ids])
+    assert t.codes is not None
+    scales = t.scales[ids] if t.scales is not None else None
     zeros = t.zeros[ids] if t.zeros is not None else None
-    return codecs.dequantize_group(codes[ids], t.scales[ids], zeros, enc.bits, t.group_size)
+    return codecs.dequantize(t.encoding, t.codes[ids], scales, zeros, t.group_size)
 
 
 def _shared_group(lins: tuple[Linear, ...]) -> int | None:

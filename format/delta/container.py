@@ -14,7 +14,8 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from edgepack.format.constants import MAX_ELEMENTS, MAX_SIGNATURE_BLOCK, Encoding
+from edgepack.format.constants import MAX_ELEMENTS, MAX_SIGNATURE_BLOCK
+from edgepack.format.encodings import REGISTRY, Encoding
 from edgepack.format.layout import tensor_layout
 
 from .errors import (
@@ -27,6 +28,8 @@ from .errors import (
 __all__ = [
     "DELTA_MAGIC",
     "HEADER_DOMAIN",
+    "PREDICT_FROM",
+    "PREDICT_TO",
     "Codec",
     "Combine",
     "DeltaHeader",
@@ -113,17 +116,9 @@ class Part:
 
 
 _WIDTHS = (4, 8, 16, 32)
-_PREDICT_FROM = frozenset(
-    {
-        Encoding.F32,
-        Encoding.F16,
-        Encoding.BF16,
-        Encoding.INT8_CHANNEL,
-        Encoding.INT4_GROUP_SYM,
-        Encoding.INT4_GROUP_ASYM,
-    }
-)
-_PREDICT_TO = frozenset({Encoding.INT8_CHANNEL, Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM})
+# encodings a PREDICTED reference may target, and the base encodings it may read
+PREDICT_TO = frozenset(r.encoding for r in REGISTRY if r.delta_target)
+PREDICT_FROM = PREDICT_TO | frozenset(r.encoding for r in REGISTRY if r.is_float)
 
 
 # ------------------------------------------------------------------------ values
@@ -715,7 +710,7 @@ def _check_prediction(where: str, index: int, op: Op, h: DeltaHeader) -> None:
         base_enc, target_enc = Encoding(p.base_encoding), Encoding(p.target_encoding)
     except ValueError:
         raise UnsupportedDeltaError(f"{where}: prediction names an unknown encoding") from None
-    if base_enc not in _PREDICT_FROM or target_enc not in _PREDICT_TO:
+    if base_enc not in PREDICT_FROM or target_enc not in PREDICT_TO:
         raise UnsupportedDeltaError(
             f"{where}: cannot predict {target_enc.name} from {base_enc.name}"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.format import codecs
-from edgepack.format.constants import Encoding
+from edgepack.format.encodings import Encoding
 from edgepack.format.layout import tensor_layout
 
 from .container import Part
@@ -74,34 +74,22 @@ class BaseRows:
         self.cols = cols
         self.group_size = group_size
         self.offsets = offsets
+        self.layout = tensor_layout(self.encoding, (1, cols), group_size)
         self.per_row = row_bytes(encoding, cols, group_size)
 
-    def _part(self, k: int, r0: int, r1: int, dtype) -> np.ndarray:
+    def _part(self, k: int, r0: int, r1: int) -> np.ndarray | None:
+        part = (self.layout.codes, self.layout.scales, self.layout.zeros)[k]
+        if part is None:
+            return None
         n = self.per_row[k]
         raw = self.read(self.offsets[k] + r0 * n, (r1 - r0) * n)
-        return np.frombuffer(raw, dtype).reshape(r1 - r0, -1)
+        return np.frombuffer(raw, part.dtype).reshape((r1 - r0, *part.shape[1:]))
 
     def dequantize(self, r0: int, r1: int, factors: Factors | None = None) -> np.ndarray:
         """Rows ``r0:r1`` of the base tensor as float32 (plus the correction, if any)."""
-        enc = self.encoding
         with np.errstate(all="ignore"):
-            if enc == Encoding.F32:
-                w = self._part(0, r0, r1, "<f4").astype(_F32)
-            elif enc == Encoding.F16:
-                w = self._part(0, r0, r1, "<f2").astype(_F32)
-            elif enc == Encoding.BF16:
-                w = (self._part(0, r0, r1, "<u2").astype(np.uint32) << 16).view(_F32)
-            elif enc == Encoding.INT8_CHANNEL:
-                codes = self._part(0, r0, r1, "i1")
-                scales = self._part(1, r0, r1, "<f4").reshape(-1).astype(_F32)
-                w = codecs.dequantize_int8_channel(codes, scales)
-            else:
-                codes = self._part(0, r0, r1, "u1")
-                scales = self._part(1, r0, r1, "<f2").astype(np.float16)
-                zeros = None
-                if enc == Encoding.INT4_GROUP_ASYM:
-                    zeros = self._part(2, r0, r1, "<f2").astype(np.float16)
-                w = codecs.dequantize_int4_group(codes, scales, zeros, self.group_size)
+            parts = (self._part(k, r0, r1) for k in range(3))
+            w = codecs.dequantize(self.encoding, *parts, self.group_size)
             w = np.ascontiguousarray(w, dtype=_F32).reshape(r1 - r0, self.cols)
             w[~np.isfinite(w)] = 0
             if factors is not None:
@@ -115,21 +103,21 @@ def predict_part(w: np.ndarray, encoding: int, group_size: int, part: int) -> np
     enc = Encoding(encoding)
     rows = w.shape[0]
     with np.errstate(all="ignore"):
-        if enc == Encoding.INT8_CHANNEL:
+        if not enc.is_group:  # int8 per channel
             d = np.abs(w).max(axis=1) / _F32(127)
             return d.astype("<f4").view(np.uint8).ravel()
         grp = w.reshape(rows, -1, group_size)
-        if enc == Encoding.INT4_GROUP_SYM:
+        if enc.is_symmetric:
             idx = np.abs(grp).argmax(axis=-1)
             peak = np.take_along_axis(grp, idx[..., None], axis=-1)[..., 0]
-            out = (peak / _F32(-8)).astype(np.float16)
+            out = (peak / _F32(-(1 << (enc.bits - 1)))).astype(np.float16)
         else:
             lo = grp.min(axis=-1) + _F32(0)
             if part == Part.ZEROS:
                 out = lo.astype(np.float16)
             else:
                 hi = grp.max(axis=-1) + _F32(0)
-                out = ((hi - lo) / _F32(15)).astype(np.float16)
+                out = ((hi - lo) / _F32((1 << enc.bits) - 1)).astype(np.float16)
     return np.ascontiguousarray(out, dtype="<f2").view(np.uint8).ravel()
 
 
@@ -168,20 +156,21 @@ def _requantize(
     enc = Encoding(encoding)
     rows, cols = w.shape
     with np.errstate(all="ignore"):
-        if enc == Encoding.INT8_CHANNEL:
+        if not enc.is_group:  # int8 per channel
             d = np.frombuffer(scales, "<f4").astype(_F32)
             x = w * _reciprocal(d)[:, None]
             lo, hi, offset = -127, 127, 0
         else:
             d = np.frombuffer(scales, "<f2").astype(_F32).reshape(rows, -1)
             grp = w.reshape(rows, -1, group_size)
-            if enc == Encoding.INT4_GROUP_SYM:
+            half = 1 << (enc.bits - 1)
+            if enc.is_symmetric:
                 x = grp * _reciprocal(d)[..., None]
-                lo, hi, offset = -8, 7, 8
+                lo, hi, offset = -half, half - 1, half
             else:
                 z = np.frombuffer(zeros, "<f2").astype(_F32).reshape(rows, -1)
                 x = (grp - z[..., None]) * _reciprocal(d)[..., None]
-                lo, hi, offset = 0, 15, 0
+                lo, hi, offset = 0, 2 * half - 1, 0
         up = None
         if directions:
             r = np.rint(x)
@@ -191,7 +180,7 @@ def _requantize(
             np.rint(x, out=x)
         np.clip(x, lo, hi, out=x)
         x[np.isnan(x)] = 0
-        if enc == Encoding.INT8_CHANNEL:
+        if not enc.is_group:
             return x.astype(np.int8).view(np.uint8).ravel(), (
                 up.ravel() if up is not None else None
             )

@@ -26,7 +26,6 @@ import hashlib
 import math
 import mmap
 import os
-import struct
 import tempfile
 import threading
 from collections import Counter
@@ -42,6 +41,8 @@ from edgepack.format import Encoding, Package
 from edgepack.format.delta.apply import apply_delta
 from edgepack.format.delta.container import (
     PREAMBLE_SIZE,
+    PREDICT_FROM,
+    PREDICT_TO,
     Codec,
     Combine,
     DeltaHeader,
@@ -65,6 +66,7 @@ from edgepack.format.delta.predict import (
 )
 from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
 from edgepack.format.header import Span, TensorEntry
+from edgepack.format.header_decode import offset_vectors
 from edgepack.format.layout import tensor_layout
 from edgepack.format.signing import build_signature_block
 from edgepack.server.delta.entropy import rans_encode
@@ -73,8 +75,6 @@ from .lowrank import blas_single_thread, cell_bounds, fit_lowrank, quantize_fact
 
 __all__ = ["DeltaOptions", "DeltaStats", "create_delta"]
 
-_PREDICTABLE = {Encoding.INT8_CHANNEL, Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM}
-_PREDICT_FROM = _PREDICTABLE | {Encoding.F32, Encoding.F16, Encoding.BF16}
 _HASH_CHUNK = 8 << 20
 _MAX_WINDOW_LOG = 27  # the patcher accepts windows up to 2^27 (spec)
 _RESIDUAL_WINDOW_LOG = 21
@@ -128,9 +128,10 @@ class _Choice:
 
 
 def _elem_width(dtype: np.dtype, encoding: Encoding, part: int) -> int:
-    """Element width (bits) for ADD residuals of a part: nibbles for int4 codes."""
-    if part == Part.CODES and encoding in (Encoding.INT4_GROUP_SYM, Encoding.INT4_GROUP_ASYM):
-        return 4
+    """Element width (bits) for ADD residuals of a part: a predictable target's codes
+    are added code by code (int4: nibbles)."""
+    if part == Part.CODES and encoding in PREDICT_TO:
+        return encoding.bits
     return dtype.itemsize * 8
 
 
@@ -289,8 +290,8 @@ class _Planner:
         out: list[_Choice] = []
         predictable = (
             named is not None
-            and t.encoding in _PREDICTABLE
-            and named.encoding in _PREDICT_FROM
+            and t.encoding in PREDICT_TO
+            and named.encoding in PREDICT_FROM
             and len(t.shape) >= 2
             and len(named.shape) >= 2
             and _matrix(t.shape) == _matrix(named.shape)
@@ -463,9 +464,10 @@ class _Planner:
         new_header = self.new_bytes((h0, pre.header_length)).tobytes()
         old_header = self.old_bytes((old_pre.header_offset, old_pre.header_length)).tobytes()
         cuts: list[tuple[int, int, int]] = []  # (target offset, length, base offset)
-        for field_index in _HEADER_OFFSET_VECTORS:
-            a, b = _fb_vector(new_header, field_index), _fb_vector(old_header, field_index)
-            if a and b and a[1] == b[1] and a[1]:
+        old_vectors = offset_vectors(old_header)
+        for key, a in offset_vectors(new_header).items():
+            b = old_vectors[key]
+            if a[1] == b[1] and a[1]:
                 cuts.append((h0 + a[0], 4 * a[1], old_pre.header_offset + b[0]))
         cuts.sort()
         out: list[_Choice] = []
@@ -515,30 +517,6 @@ class _Planner:
             ]
         base_span = named.data if named is not None else None
         return [self._best(self.literal_candidates(span, 8, "section", base_span))]
-
-
-_HEADER_OFFSET_VECTORS = (10, 11)  # Header.tensors, Header.sections (spec/edgepack.fbs)
-
-
-def _fb_vector(buf: bytes, field_index: int) -> tuple[int, int] | None:
-    """(start, count) of a root-table vector field of a flatbuffer, or None."""
-    try:
-        root = struct.unpack_from("<I", buf, 0)[0]
-        vtable = root - struct.unpack_from("<i", buf, root)[0]
-        vt_size = struct.unpack_from("<H", buf, vtable)[0]
-        if 4 + 2 * field_index + 2 > vt_size:
-            return None
-        off = struct.unpack_from("<H", buf, vtable + 4 + 2 * field_index)[0]
-        if not off:
-            return None
-        pos = root + off
-        vec = pos + struct.unpack_from("<I", buf, pos)[0]
-        count = struct.unpack_from("<I", buf, vec)[0]
-    except struct.error:
-        return None
-    if vec + 4 + 4 * count > len(buf):
-        return None
-    return vec + 4, count
 
 
 def _data_choices(op: Op, raw: np.ndarray, klass: str, method: str) -> list[_Choice]:

@@ -33,21 +33,23 @@ def cell_bounds(
     """Per element, the interval the update ``new - w_old`` must lie in for the new
     tensor to quantize to the given codes (its scales taken as known)."""
     rows, cols = w_old.shape
-    if encoding == Encoding.INT8_CHANNEL:
+    if not encoding.is_group:  # int8 per channel
         q = np.asarray(codes).view(np.int8).reshape(rows, cols).astype(_F32)
         d = np.repeat(np.asarray(scales, _F32).reshape(rows, 1), cols, axis=1)
         lo_q, hi_q = -127, 127
     else:
-        q = codecs.unpack_nibbles(np.asarray(codes).view(np.uint8).reshape(rows, -1)).astype(_F32)
+        packed = np.asarray(codes).view(np.uint8).reshape(rows, -1)
+        q = codecs.unpack_codes(packed, encoding.bits).astype(_F32)
         d = np.repeat(np.asarray(scales).astype(_F32).reshape(rows, -1), group_size, axis=1)
-        if encoding == Encoding.INT4_GROUP_SYM:
-            q -= 8
-            lo_q, hi_q = -8, 7
+        half = 1 << (encoding.bits - 1)
+        if encoding.is_symmetric:
+            q -= half
+            lo_q, hi_q = -half, half - 1
         else:
-            lo_q, hi_q = 0, 15
+            lo_q, hi_q = 0, 2 * half - 1
     with np.errstate(all="ignore"):
         base = q * d
-        if encoding == Encoding.INT4_GROUP_ASYM:
+        if not encoding.is_symmetric:
             base += np.repeat(np.asarray(zeros).astype(_F32).reshape(rows, -1), group_size, axis=1)
         half = 0.5 * np.abs(d)
         lo, hi = base - half - w_old, base + half - w_old

@@ -215,40 +215,22 @@ T* ptr(const py::array& a) {
 WEnc parse_encoding(const py::handle& e) {
     if (py::isinstance<py::str>(e)) {
         const std::string s = e.cast<std::string>();
-        if (s == "f32" || s == "float32") return WEnc::f32;
-        if (s == "f16" || s == "float16") return WEnc::f16;
-        if (s == "bf16" || s == "bfloat16") return WEnc::bf16;
-        if (s == "int8") return WEnc::i8;
-        if (s == "int4_sym") return WEnc::i4sym;
-        if (s == "int4_asym") return WEnc::i4asym;
-        value_error("unknown weight encoding '" + s + "' (f32, f16, bf16, int8, int4_sym, int4_asym)");
+        // numpy dtype names are accepted for the float encodings
+        const std::string name = s == "float32" ? "f32" : s == "float16" ? "f16" : s == "bfloat16" ? "bf16" : s;
+        for (const WEncInfo& w : kWEncs) {
+            if (name == w.name) return w.enc;
+        }
+        value_error("unknown weight encoding '" + s + "' (" + kWEncNames + ")");
     }
     if (py::isinstance<py::int_>(e) && !py::isinstance<py::bool_>(e)) {
         const int64_t v = e.cast<int64_t>();  // edgepack.format.Encoding values
-        switch (v) {
-            case 0: return WEnc::f32;
-            case 1: return WEnc::f16;
-            case 2: return WEnc::bf16;
-            case 10: return WEnc::i8;
-            case 20: return WEnc::i4sym;
-            case 21: return WEnc::i4asym;
-            default: value_error("weight encoding " + std::to_string(v) + " has no matmul kernel");
-        }
+        if (const WEncInfo* w = wenc_of_id(v)) return w->enc;
+        value_error("weight encoding " + std::to_string(v) + " has no matmul kernel");
     }
     type_error("weight encoding must be a str or an edgepack.format.Encoding, got " + str(py::type::of(e)));
 }
 
-const char* encoding_name(WEnc e) {
-    switch (e) {
-        case WEnc::f32: return "f32";
-        case WEnc::f16: return "f16";
-        case WEnc::bf16: return "bf16";
-        case WEnc::i8: return "int8";
-        case WEnc::i4sym: return "int4_sym";
-        case WEnc::i4asym: return "int4_asym";
-    }
-    return "?";
-}
+const char* encoding_name(WEnc e) { return wenc_info(e).name; }
 
 }  // namespace
 
@@ -319,15 +301,11 @@ Weight::Weight(const py::object& codes_in, const py::object& scales_in, const py
 
 int64_t Weight::nbytes() const {
     const WeightView& w = view;
-    switch (w.enc) {
-        case WEnc::f32: return w.N * w.K * 4;
-        case WEnc::f16:
-        case WEnc::bf16: return w.N * w.K * 2;
-        case WEnc::i8: return w.N * w.K + w.N * 4;
-        case WEnc::i4sym: return w.N * w.K / 2 + w.N * (w.K / w.group) * 2;
-        case WEnc::i4asym: return w.N * w.K / 2 + w.N * (w.K / w.group) * 4;
-    }
-    return 0;
+    const WEncInfo& e = wenc_info(w.enc);
+    int64_t n = w.N * w.K * e.code_bits / 8;
+    if (w.enc == WEnc::i8) n += w.N * 4;  // a float32 scale per row
+    if (e.group) n += w.N * (w.K / w.group) * 2 * (e.symmetric ? 1 : 2);  // binary16 scales, mins
+    return n;
 }
 
 namespace {

@@ -25,13 +25,11 @@
 
 #include <cstdint>
 
+#include "../encodings.h"  // WEnc: the weight encodings, generated from the registry
 #include "../kernels.h"
 
 namespace edgepack {
 namespace infer {
-
-// Weight encodings; numbering equals edgepack.format.constants.Encoding.
-enum class WEnc : int32_t { f32 = 0, f16 = 1, bf16 = 2, i8 = 10, i4sym = 20, i4asym = 21 };
 
 // One weight matrix [N, K] exactly as stored in a package (C-contiguous parts):
 //   f32/f16/bf16: codes [N, K] (bf16 as uint16 bits)
