@@ -25,7 +25,9 @@ from edgepack.format.signing import load_public_key, verify_signature_block
 
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
+from .errors import NumericError
 from .kernels import (
+    Fallback,
     Kernels,
     LayerContext,
     select_kernels,
@@ -337,18 +339,22 @@ class Model:
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
-                stats.record_fallback(lw.index, res.fallback)
+                stats.record_fallback(lw.index, res.fallback.value)
                 _log.debug(
-                    "layer %d: %s: recomputed with float activations", lw.index, res.fallback
+                    "layer %d: %s: recomputed with float activations",
+                    lw.index,
+                    res.fallback.value,
                 )
                 res = k.decoder_layer(lw, x, with_float_activations(ctx))
             if res.fallback is not None:
                 stats.nonfinite_outputs += 1
                 if not self._warned_nonfinite:
                     self._warned_nonfinite = True
-                    _log.warning("layer %d: %s on the float path too", lw.index, res.fallback)
+                    _log.warning(
+                        "layer %d: %s on the float path too", lw.index, res.fallback.value
+                    )
             if res.x is None:
-                raise FloatingPointError(f"layer {lw.index} failed: {res.fallback}")
+                raise NumericError(f"layer {lw.index} failed: {res.fallback.value}")
             x = res.x
             if collect is not None:
                 collect.setdefault(f"layers.{lw.index}", []).append(x)
@@ -365,7 +371,7 @@ class Model:
             qa = k.quantize_activations(x, out.act_group)
             if not qa.overflow:
                 return k.matmul(qa, out)
-            stats.record_fallback("head", "activation scale overflow (head input)")
+            stats.record_fallback("head", Fallback.HEAD_INPUT.value)
         return k.matmul(x, out)
 
     def new_sequence(self) -> KVSequence:
