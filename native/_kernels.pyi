@@ -3,6 +3,8 @@
 import numpy as np
 import numpy.typing as npt
 
+from edgepack.runtime_shim.errors import NumericError as NumericError
+
 def quantize_int8_channel(
     w: npt.ArrayLike, *, threads: int = 2
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
@@ -64,7 +66,7 @@ STATUS_CODES: dict[str, int]
 # .code (KernelStatus), .kind ("non_finite" | "scale_overflow"), .op ("quantize_act",
 # "rmsnorm_quant", "swiglu_quant", "attention_decode", ...), .row (token), .col (element /
 # kv head (k: h, v: n_kv_heads + h) / V group).
-NumericError: type[FloatingPointError]
+# (re-exported at the top of this stub).
 
 def set_threads(n: int, spin_us: int | None = None) -> None:
     """Pool size (caller included; default min(hardware threads, 8)).  Workers spin

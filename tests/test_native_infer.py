@@ -1122,5 +1122,8 @@ def test_stub_declares_every_public_name() -> None:
         for n in tree.body
         if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")
     }
+    declared |= {  # constants (NAME: type) and re-exported classes (import X as X)
+        n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)
+    } | {a.asname for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names if a.asname}
     public = {n for n in dir(k) if not n.startswith("_")}
     assert declared == public, (sorted(public - declared), sorted(declared - public))
