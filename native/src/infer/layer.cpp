@@ -9,10 +9,9 @@
 //   the quantization for down) -> down + residual.
 //
 // Int8-activation path (ctx.act_int8): a quantization that meets NaN/Inf or yields a scale
-// above 65504 returns (None, "activation scale overflow (<where>)") and non-finite K/V
-// returns (None, "non-finite K/V"), so the runtime recomputes the layer with float
-// activations; a non-finite output returns (x_out, "non-finite layer output").  The
-// reasons are the Fallback enum (fallback.h).  On the float path non-finite K/V raise
+// above 65504, or non-finite K/V, return (None, reason), so the runtime recomputes the
+// layer with float activations; a non-finite output returns (x_out, reason).  The reasons
+// are the Fallback enum's strings (fallback.h).  On the float path non-finite K/V raise
 // edgepack.runtime_shim.NumericError carrying the kernel's Status code.  Python attributes are read once per
 // call (a few microseconds), then the whole layer runs without the GIL on the pool, which
 // keeps spinning between the ~12 ops instead of sleeping.
