@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from runtime_fixtures import convert_to, tiny_model_dir
+from runtime_fixtures import native_runtime_module, tiny_package
 
 import edgepack.runtime_shim as rt
-from edgepack import native
 from edgepack.format.errors import EdgepackError, EncodingError
 from edgepack.runtime_shim import NumericError, instrument
 from edgepack.runtime_shim.errors import KernelStatus
 from edgepack.runtime_shim.kernels import NativeKernels, NumpyKernels
 from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool
-
-
-def _native_module():
-    mod = native.load()
-    if mod is None or not hasattr(mod, "quantize_act"):
-        pytest.skip("native extension without runtime kernels")
-    return mod
 
 
 def test_numeric_error_is_public_and_in_the_tree() -> None:
@@ -33,7 +23,7 @@ def test_numeric_error_is_public_and_in_the_tree() -> None:
 
 
 def test_kernel_status_mirrors_native_numbering() -> None:
-    mod = _native_module()
+    mod = native_runtime_module()
     assert {s.name.lower(): int(s) for s in KernelStatus} == mod.STATUS_CODES
     assert mod.NumericError is NumericError  # one class, not one created in C++
 
@@ -48,7 +38,7 @@ def _nan_kv_attend(kernels) -> None:
 
 @pytest.mark.parametrize("backend", ["numpy", "native"])
 def test_both_backends_raise_numeric_error_for_non_finite_kv(backend: str) -> None:
-    k = NumpyKernels(1) if backend == "numpy" else NativeKernels(_native_module(), 1)
+    k = NumpyKernels(1) if backend == "numpy" else NativeKernels(native_runtime_module(), 1)
     try:
         with pytest.raises(NumericError) as info:
             _nan_kv_attend(k)
@@ -58,18 +48,13 @@ def test_both_backends_raise_numeric_error_for_non_finite_kv(backend: str) -> No
     assert type(info.value) is NumericError
 
 
-@pytest.fixture(scope="module")
-def f32_pkg(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("errors")
-    return convert_to(root, tiny_model_dir(root), "f32")
-
-
 @pytest.mark.parametrize("backend", ["numpy", "native"])
 def test_a_model_with_nan_weights_raises_numeric_error_on_both_paths(
-    f32_pkg: Path, backend: str
+    tmp_path_factory: pytest.TempPathFactory, backend: str
 ) -> None:
     if backend == "native":
-        _native_module()
+        native_runtime_module()
+    f32_pkg = tiny_package(tmp_path_factory, "f32")
     with rt.open(f32_pkg, kernels=backend, kv="int8", activations="float", verify="none") as m:
         k = m.weights.layers[0].k
         nan = np.full((k.rows, k.cols), np.nan, np.float32)
@@ -82,7 +67,7 @@ def test_a_model_with_nan_weights_raises_numeric_error_on_both_paths(
 
 
 def test_native_status_arrives_as_a_typed_error_with_its_code() -> None:
-    mod = _native_module()
+    mod = native_runtime_module()
     x = np.ones((2, 32), np.float32)
     x[1, 5] = np.inf
     with pytest.raises(NumericError) as info:

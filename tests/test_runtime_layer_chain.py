@@ -7,25 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_fixtures import convert_to, tiny_model_dir
+from runtime_fixtures import native_runtime_module, tiny_package
 
 import edgepack.runtime_shim as rt
-from edgepack import native
 from edgepack.runtime_shim.kernels import Fallback, NativeKernels
 
 REPO = Path(__file__).resolve().parents[1]
 IDS = [5, 17, 3, 99, 42, 7, 64, 2, 11]
 
 
-def _native_module():
-    mod = native.load()
-    if mod is None or not hasattr(mod, "FALLBACK_REASONS"):
-        pytest.skip("native extension without the whole-layer kernel")
-    return mod
-
-
 def test_fallback_enum_mirrors_native() -> None:
-    mod = _native_module()
+    mod = native_runtime_module("FALLBACK_REASONS")
     assert {f.code: f.value for f in Fallback} == mod.FALLBACK_REASONS
     assert len({f.code for f in Fallback}) == len(Fallback)
 
@@ -65,8 +57,7 @@ def test_kernels_module_is_a_package_with_the_old_import_paths() -> None:
 
 @pytest.fixture(scope="module")
 def int8_pkg(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("chain")
-    return convert_to(root, tiny_model_dir(root), "int8")
+    return tiny_package(tmp_path_factory, "int8")
 
 
 @pytest.mark.parametrize("activations", ["int8", "float"])
@@ -75,7 +66,7 @@ def test_python_chain_over_native_ops_equals_the_native_layer(
 ) -> None:
     """The native backend without its whole-layer entry point runs the shared Python
     chain over its single ops: the same bits as the C++ layer."""
-    _native_module()
+    native_runtime_module("FALLBACK_REASONS")
     out = {}
     for fused in (True, False):
         with rt.open(int8_pkg, kernels="native", activations=activations, verify="none") as m:
@@ -88,7 +79,7 @@ def test_python_chain_over_native_ops_equals_the_native_layer(
 @pytest.mark.parametrize("backend", ["numpy", "native"])
 def test_both_backends_report_fallbacks_as_the_enum(int8_pkg: Path, backend: str) -> None:
     if backend == "native":
-        _native_module()
+        native_runtime_module("FALLBACK_REASONS")
     with rt.open(int8_pkg, kernels=backend, verify="none") as m:
         m.inject_overflow_layers = {1}
         lw = m.weights.layers[1]

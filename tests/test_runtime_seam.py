@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_fixtures import convert_to, tiny_model_dir
+from runtime_fixtures import tiny_package
 
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim import instrument
@@ -82,8 +82,7 @@ def test_instrument_all_resolves() -> None:
 
 @pytest.fixture(scope="module")
 def f32_pkg(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("seam")
-    return convert_to(root, tiny_model_dir(root), "f32")
+    return tiny_package(tmp_path_factory, "f32")
 
 
 def test_observe_matmuls_sees_every_input_and_restores(f32_pkg: Path) -> None:

@@ -126,31 +126,29 @@ class NativeKernels(CompositeLayer):
                 self._drop("rmsnorm", exc)
         return self.numpy.rmsnorm(x, weight, eps)
 
+    def _quantized(self, op: str, func: str, group: int, *args: Any) -> QuantizedActivations | None:
+        """``mod.func(*args, group)`` as activations (overflowed on NumericError); None when
+        the op is not (or no longer) native."""
+        if op not in self.native_ops:
+            return None
+        try:
+            q, s = getattr(self.mod, func)(*args, group)
+        except NumericError:
+            return _overflowed(group)
+        except TypeError as exc:
+            self._drop(op, exc)
+            return None
+        return QuantizedActivations(q, s, group, _scale_overflow(s))
+
     def quantize_activations(self, x: np.ndarray, group: int) -> QuantizedActivations:
-        if "quantize_activations" in self.native_ops:
-            try:
-                q, s = self.mod.quantize_act(x, group)
-            except NumericError:
-                return _overflowed(group)
-            except TypeError as exc:
-                self._drop("quantize_activations", exc)
-            else:
-                return QuantizedActivations(q, s, group, _scale_overflow(s))
-        return self.numpy.quantize_activations(x, group)
+        qa = self._quantized("quantize_activations", "quantize_act", group, x)
+        return self.numpy.quantize_activations(x, group) if qa is None else qa
 
     def rmsnorm_quantize(
         self, x: np.ndarray, weight: np.ndarray, eps: float, group: int
     ) -> QuantizedActivations:
-        if "rmsnorm_quantize" in self.native_ops:
-            try:
-                q, s = self.mod.rmsnorm_quant(x, weight, eps, group)
-            except NumericError:
-                return _overflowed(group)
-            except TypeError as exc:
-                self._drop("rmsnorm_quantize", exc)
-            else:
-                return QuantizedActivations(q, s, group, _scale_overflow(s))
-        return super().rmsnorm_quantize(x, weight, eps, group)
+        qa = self._quantized("rmsnorm_quantize", "rmsnorm_quant", group, x, weight, eps)
+        return super().rmsnorm_quantize(x, weight, eps, group) if qa is None else qa
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if "swiglu" in self.native_ops:
@@ -161,16 +159,8 @@ class NativeKernels(CompositeLayer):
         return self.numpy.swiglu(gate, up)
 
     def swiglu_quantize(self, gate: np.ndarray, up: np.ndarray, group: int) -> QuantizedActivations:
-        if "swiglu_quantize" in self.native_ops:
-            try:
-                q, s = self.mod.swiglu_quant(gate, up, group)
-            except NumericError:
-                return _overflowed(group)
-            except TypeError as exc:
-                self._drop("swiglu_quantize", exc)
-            else:
-                return QuantizedActivations(q, s, group, _scale_overflow(s))
-        return super().swiglu_quantize(gate, up, group)
+        qa = self._quantized("swiglu_quantize", "swiglu_quant", group, gate, up)
+        return super().swiglu_quantize(gate, up, group) if qa is None else qa
 
     def matmul(
         self,
