@@ -16,6 +16,7 @@ public submodule :mod:`edgepack.runtime_shim.instrument`, which apps never impor
 from .capabilities import runtime_capabilities, runtime_version
 from .errors import (
     ChatTemplateError,
+    KernelStatus,
     KernelUnavailableError,
     KVCacheFullError,
     NumericError,
@@ -34,6 +35,7 @@ __all__ = [
     "GenerationStats",
     "KVCacheConfig",
     "KVCacheFullError",
+    "KernelStatus",
     "KernelUnavailableError",
     "Model",
     "NumericError",
