@@ -10,6 +10,7 @@ imports). Not imported by ``edgepack.runtime_shim`` itself: apps never load it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -21,14 +22,12 @@ import numpy as np
 
 from edgepack.format import Encoding
 
-from .kernels import Kernels, NumpyKernels, select_kernels
+from .kernels import NumpyKernels, select_kernels
 from .kernels.numpy_backend import set_blas_threads
 from .model import Model, open
 from .weights import Embedding, Linear, quantized_linear
 
 __all__ = [
-    "Kernels",
-    "Linear",
     "WeightOverrides",
     "make_linear",
     "observe_matmuls",
@@ -107,13 +106,13 @@ def make_linear(
     """A runtime weight from encoded parts as a package stores them (``[R, ...]``
     flattened to ``[R, C]``), or from low-rank ``factors`` (U, V)."""
     rows = int(shape[0])
-    cols = int(np.prod(shape[1:], dtype=np.int64))
+    cols = math.prod(shape[1:])
     if factors is not None:
         return Linear(name, Encoding.LOW_RANK, rows, cols, bias=bias, factors=factors)
+    if codes is None:
+        raise ValueError(f"make_linear({name!r}): codes or factors are needed")
     if encoding.is_float:
-        assert codes is not None
         return Linear(name, encoding, rows, cols, codes=codes.reshape(rows, -1), bias=bias)
-    assert codes is not None
     return quantized_linear(
         name, encoding, rows, cols, codes, scales, zeros, group_size, bias=bias
     )
@@ -122,7 +121,8 @@ def make_linear(
 class WeightOverrides:
     """Swap a model's weights (by tensor name) and put the originals back.
 
-    The model must be open on numpy kernels (an override is not bound natively).
+    An override is not bound natively: on the native backend it runs on numpy kernels
+    (and its layer on the shared Python chain); the float reference is all numpy anyway.
     """
 
     def __init__(self, model: Model) -> None:

@@ -341,20 +341,16 @@ class Model:
             if res.fallback is not None and ctx.act_int8:
                 stats.record_fallback(lw.index, res.fallback.value)
                 _log.debug(
-                    "layer %d: %s: recomputed with float activations",
-                    lw.index,
-                    res.fallback.value,
+                    "layer %d: %s: recomputed with float activations", lw.index, res.fallback
                 )
                 res = k.decoder_layer(lw, x, with_float_activations(ctx))
             if res.fallback is not None:
                 stats.nonfinite_outputs += 1
                 if not self._warned_nonfinite:
                     self._warned_nonfinite = True
-                    _log.warning(
-                        "layer %d: %s on the float path too", lw.index, res.fallback.value
-                    )
+                    _log.warning("layer %d: %s on the float path too", lw.index, res.fallback)
             if res.x is None:
-                raise NumericError(f"layer {lw.index} failed: {res.fallback.value}")
+                raise NumericError(f"layer {lw.index} failed: {res.fallback}")
             x = res.x
             if collect is not None:
                 collect.setdefault(f"layers.{lw.index}", []).append(x)

@@ -24,14 +24,12 @@ class Fallback(str, enum.Enum):
     NON_FINITE_KV = "non-finite K/V"
     NON_FINITE_OUTPUT = "non-finite layer output"
 
+    def __str__(self) -> str:  # the reason, in logs and messages
+        return self.value
+
     @property
     def code(self) -> int:
         return _CODES[self]
-
-    @property
-    def keeps_output(self) -> bool:
-        """The layer ran to the end (its output is usable if the float path fails too)."""
-        return self is Fallback.NON_FINITE_OUTPUT
 
 
 _CODES = {member: i for i, member in enumerate(Fallback, start=1)}
