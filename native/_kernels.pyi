@@ -3,6 +3,8 @@
 import numpy as np
 import numpy.typing as npt
 
+from edgepack.runtime_shim.errors import NumericError as NumericError
+
 def quantize_int8_channel(
     w: npt.ArrayLike, *, threads: int = 2
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
@@ -30,6 +32,10 @@ def available_isas() -> list[str]: ...
 def active_isa() -> str: ...
 def set_isa(name: str) -> None: ...
 
+# Status numbering of the kernels ({"ok": 0, "non_finite": 1, ...}); mirrored by
+# edgepack.runtime_shim.errors.KernelStatus.  EncodingError raised here carries it as .code.
+STATUS_CODES: dict[str, int]
+
 # ======================================================================================
 # Inference kernels (native/src/infer/, native/src/arch/<isa>/infer_<isa>.cpp)
 # ======================================================================================
@@ -56,13 +62,11 @@ def set_isa(name: str) -> None: ...
 #   most 1e-5 * sum|terms| (tested); for one ISA a token's row is bit-identical whether
 #   it is computed alone (GEMV) or within a batch (GEMM).
 
-class NumericError(FloatingPointError):  # also derives from edgepack.format.errors.EdgepackError
-    """NaN/Inf (or an unrepresentable float16 V scale) met while quantizing."""
-
-    kind: str  # "non_finite" | "scale_overflow"
-    op: str  # "quantize_act", "rmsnorm_quant", "swiglu_quant", "attention_decode", ...
-    row: int  # token (row) index
-    col: int  # element index / kv head (k: h, v: n_kv_heads + h) / V group
+# edgepack.runtime_shim.errors.NumericError (an EdgepackError and a FloatingPointError):
+# .code (KernelStatus), .kind ("non_finite" | "scale_overflow"), .op ("quantize_act",
+# "rmsnorm_quant", "swiglu_quant", "attention_decode", ...), .row (token), .col (element /
+# kv head (k: h, v: n_kv_heads + h) / V group).
+# (re-exported at the top of this stub).
 
 def set_threads(n: int, spin_us: int | None = None) -> None:
     """Pool size (caller included; default min(hardware threads, 8)).  Workers spin
@@ -322,6 +326,10 @@ def kv_read(
 
 # ---- whole layer ----------------------------------------------------------------------
 
+# The fallback reasons decoder_layer returns, by stable code (native/src/infer/fallback.h);
+# mirrored by edgepack.runtime_shim.kernels.Fallback.
+FALLBACK_REASONS: dict[int, str]
+
 def decoder_layer(
     lw: object, x: npt.NDArray[np.float32], ctx: object
 ) -> tuple[npt.NDArray[np.float32] | None, str | None]:
@@ -338,4 +346,4 @@ def decoder_layer(
     path (None, "activation scale overflow (<where>)") / (None, "non-finite K/V") ask for
     a float recompute, and (x_out, "non-finite layer output") flags the output.  Raises
     TypeError when an object lacks an attribute or a native Weight (call bind first) or
-    the KV V group is not 32, FloatingPointError for non-finite K/V on the float path."""
+    the KV V group is not 32, NumericError for non-finite K/V on the float path."""

@@ -47,7 +47,7 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
-from edgepack.runtime_shim.capabilities import runtime_version
+from edgepack.runtime_shim import runtime_version
 
 from .calibration import CalibrationStats, calibration_texts, collect_statistics, make_samples
 from .convert import required_operators
@@ -334,7 +334,7 @@ def _open_float(src: Path) -> _FloatModel:
 def _calibrate(
     fm: _FloatModel, recipe: Recipe, calib_file: str | None, progress: Progress
 ) -> tuple[CalibrationStats, list[list[int]]]:
-    from edgepack.runtime_shim.tokenizer import Tokenizer
+    from edgepack.runtime_shim import Tokenizer
 
     if fm.tokenizer_json is None:
         raise ValueError("calibration needs the model's tokenizer (the source has none)")
@@ -686,13 +686,13 @@ def build(
     lut: Any = None,
 ) -> BuildResult:
     """Build ``out`` from ``src`` following ``recipe`` (see the module docstring)."""
-    from edgepack.runtime_shim.kernels import NumpyKernels
+    from edgepack.runtime_shim.instrument import set_blas_threads
 
     recipe = recipe or Recipe()
     progress = progress or Progress()
-    # One BLAS thread (creating numpy kernels sets it): OpenBLAS's own threads spin and
-    # collapse on a busy machine; the parallelism is the kernels' row blocks.
-    NumpyKernels(1).close()
+    # One BLAS thread: OpenBLAS's own threads spin and collapse on a busy machine; the
+    # parallelism is the kernels' row blocks.
+    set_blas_threads(1)
     src, out = Path(src), Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}

@@ -5,10 +5,10 @@ per-linear input statistics (never the activations themselves).
   sorted keys ``[:40]``, the split the bars calibrate on);
 * :func:`make_samples` cuts ``n`` windows of mixed length (log-uniform between
   ``min_tokens`` and ``max_tokens``) spread evenly over the tokenized text;
-* :func:`collect_statistics` opens a float package with :func:`edgepack.runtime_shim.open`
-  and swaps the model's kernel object for :class:`CaptureKernels`, a numpy backend whose
-  ``matmul`` first folds its input into the statistics of that weight's *site* (q/k/v share
-  one input, gate/up another), then computes as usual. Samples stream through one at a
+* :func:`collect_statistics` opens a float package as the runtime's float reference and
+  runs it under :func:`edgepack.runtime_shim.instrument.observe_matmuls`, with an
+  :class:`InputCapture` folding every matmul input into the statistics of that weight's
+  *site* (q/k/v share one input, gate/up another). Samples stream through one at a
   time, so memory is the statistics: per site a Hessian ``X^T X`` (``K x K`` float32), the
   per-channel mean ``|x|`` and max ``|x|``, and a small reservoir of input rows.
 
@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.runtime_shim.kernels import NumpyKernels
+from edgepack.runtime_shim import Model
+from edgepack.runtime_shim.instrument import observe_matmuls, open_float_reference
 
 __all__ = [
     "CalibrationStats",
-    "CaptureKernels",
+    "InputCapture",
     "SiteStats",
     "calibration_texts",
     "collect_statistics",
@@ -263,17 +264,16 @@ class CalibrationStats:
         }
 
 
-class CaptureKernels(NumpyKernels):
-    """The numpy backend, recording every matmul input into :class:`CalibrationStats`.
+class InputCapture:
+    """Records every matmul input into :class:`CalibrationStats` (an observer for
+    :func:`~edgepack.runtime_shim.instrument.observe_matmuls`).
 
     Float activations only (the calibration runs the float path). An input shared by
-    several weights (q/k/v, gate/up) is recorded once: the composite layer hands them the
+    several weights (q/k/v, gate/up) is recorded once: the layer chain hands them the
     very same array object.
     """
 
-    def __init__(self, stats: CalibrationStats, threads: int | None = None, seed: int = 0):
-        super().__init__(threads)
-        self.name = "numpy+capture"
+    def __init__(self, stats: CalibrationStats, seed: int = 0):
         self.stats = stats
         self._last: dict[str, np.ndarray] = {}
         self._rng = np.random.default_rng(seed)
@@ -291,12 +291,6 @@ class CaptureKernels(NumpyKernels):
     def end_sample(self) -> None:
         self._last.clear()
 
-    def matmul(self, x, w, residual=None):  # type: ignore[override]
-        if not isinstance(x, np.ndarray):
-            x = x.dequantize()
-        self.observe(w.name, x)
-        return super().matmul(x, w, residual)
-
 
 def collect_statistics(
     float_package: str | Path | Any,
@@ -309,27 +303,35 @@ def collect_statistics(
 ) -> CalibrationStats:
     """Run ``samples`` (token ids) through a float package; statistics of every linear input.
 
-    ``float_package``: a path, or a runtime ``Model`` already open on float weights (its
-    kernel object is swapped for the capture and restored afterwards). The head is not
+    ``float_package``: a path, or a runtime ``Model`` already open on float weights (run on
+    observed numpy kernels; its own are restored afterwards). The head is not
     evaluated (no logits are needed); its input (the final norm's output) is recorded
     from the model's collected hidden states, under the head tensor's name.
     """
-    from edgepack.runtime_shim import Model
-    from edgepack.runtime_shim import open as open_model
-
     stats = CalibrationStats(text_source=text_source)
     t0 = time.perf_counter()
     own = not isinstance(float_package, Model)
-    if own:
-        model = open_model(
-            float_package, kv="float", activations="float", kernels="numpy", verify="none"
-        )
-    else:
-        model = float_package
-    saved = model.kernels
-    capture = CaptureKernels(stats, threads, seed)
-    model.kernels = capture
+    model = open_float_reference(float_package) if own else float_package
+    capture = InputCapture(stats, seed)
     try:
+        _run_samples(model, samples, stats, capture, threads, on_sample)
+    finally:
+        if own:
+            model.close()
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def _run_samples(
+    model: Model,
+    samples: Sequence[Sequence[int]],
+    stats: CalibrationStats,
+    capture: InputCapture,
+    threads: int | None,
+    on_sample: Callable[[int, int], None] | None,
+) -> None:
+    """Every sample through ``model`` with its matmul inputs shown to ``capture``."""
+    with observe_matmuls(model, capture.observe, threads):
         head = model.weights.output.name
         vocab = model.config.vocab_size
         counts = np.zeros(vocab, np.int64)
@@ -362,10 +364,3 @@ def collect_statistics(
         stats.residual_energy = {k: float(np.median(v)) * v.size / n for k, v in energy.items()}
         stats.residual_energy_total = {k: float(v.sum()) / n for k, v in energy.items()}
         stats.token_counts = counts
-    finally:
-        model.kernels = saved
-        capture.close()
-        if own:
-            model.close()
-    stats.seconds = time.perf_counter() - t0
-    return stats

@@ -20,7 +20,7 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
-from edgepack.runtime_shim.capabilities import runtime_version
+from edgepack.runtime_shim import runtime_version
 
 from .encode import EncodingChoice, encode_tensor, parse_encoding
 from .importers import SourceModel, SourceTensor, open_source

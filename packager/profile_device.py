@@ -1,7 +1,7 @@
 """``edgepack profile-device``: a latency lookup table of the runtime's own kernels.
 
 For each (matrix shape, encoding) the runtime's matmul is timed on this machine exactly
-as a decode step calls it: one token, through :func:`edgepack.runtime_shim.kernels.
+as a decode step calls it: one token, through :func:`edgepack.runtime_shim.instrument.
 select_kernels` (native where built, numpy otherwise), with dynamic int8 activations for
 quantized weights as the runtime does by default. Low-rank options are timed as their two
 factor matmuls. Shapes come from a model (``--model PKG``: every distinct weight shape of
@@ -173,15 +173,13 @@ def _time_matmul(kernels, lin, x: np.ndarray, repeats: int) -> float:
 
 
 def _linear(rows: int, cols: int, choice: EncodingChoice, rng: np.random.Generator):
-    from edgepack.runtime_shim.weights import Linear, quantized_linear
+    from edgepack.runtime_shim.instrument import make_linear
 
     w = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
     e = encode_tensor(w, choice)
     name = f"lut.{rows}x{cols}.{choice.label}"
-    if choice.encoding.is_float:
-        return Linear(name, choice.encoding, rows, cols, codes=e.codes.reshape(rows, -1))
-    return quantized_linear(
-        name, choice.encoding, rows, cols, e.codes, e.scales, e.zeros, choice.group_size
+    return make_linear(
+        name, choice.encoding, (rows, cols), e.codes, e.scales, e.zeros, choice.group_size
     )
 
 
@@ -267,7 +265,7 @@ def profile(
     seed: int = 0,
 ) -> LatencyTable:
     """Time every (shape, encoding) with the runtime's kernels; see the module docstring."""
-    from edgepack.runtime_shim.kernels import select_kernels
+    from edgepack.runtime_shim.instrument import select_kernels
 
     config = None
     encodings = list(encodings)

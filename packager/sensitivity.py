@@ -31,6 +31,7 @@ import numpy as np
 
 from edgepack.format import Encoding
 from edgepack.format.layout import tensor_layout
+from edgepack.runtime_shim.instrument import WeightOverrides, make_linear
 
 from .calibration import CalibrationStats
 from .encode import EncodedTensor, EncodingChoice, encode_tensor
@@ -280,17 +281,6 @@ def set_importance(
                 s.extra_importance *= multipliers.get("head", 1.0)
 
 
-_ATTR = {
-    "attn_q": "q",
-    "attn_k": "k",
-    "attn_v": "v",
-    "attn_o": "o",
-    "ffn_gate": "gate",
-    "ffn_up": "up",
-    "ffn_down": "down",
-}
-
-
 def _kl(ref_lp: np.ndarray, lp: np.ndarray) -> float:
     """Mean over positions of ``KL(ref || q)``, a few rows at a time (bounded memory)."""
     total = 0.0
@@ -309,22 +299,15 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _linear(name: str, values: Any, bias: np.ndarray | None) -> Any:
-    """A runtime ``Linear`` holding ``values`` (see :meth:`FakeQuantModel.swap`)."""
-    from edgepack.runtime_shim.weights import Linear, quantized_linear
-
+    """A runtime weight holding ``values`` (see :meth:`FakeQuantModel.swap`)."""
     if isinstance(values, tuple):
         u, v = (_linear(f"{name}.{k}", p, None) for k, p in zip("uv", values, strict=True))
-        return Linear(name, Encoding.LOW_RANK, u.rows, v.cols, bias=bias, factors=(u, v))
+        return make_linear(name, Encoding.LOW_RANK, (u.rows, v.cols), bias=bias, factors=(u, v))
     if isinstance(values, EncodedTensor):
-        enc = values.choice.encoding
-        rows, cols = values.shape[0], math.prod(values.shape[1:])
-        if enc.is_float:
-            return Linear(name, enc, rows, cols, codes=values.codes.reshape(rows, -1), bias=bias)
-        return quantized_linear(
+        return make_linear(
             name,
-            enc,
-            rows,
-            cols,
+            values.choice.encoding,
+            values.shape,
             values.codes,
             values.scales,
             values.zeros,
@@ -332,8 +315,7 @@ def _linear(name: str, values: Any, bias: np.ndarray | None) -> Any:
             bias=bias,
         )
     values = np.ascontiguousarray(values, _F32)
-    rows, cols = values.shape
-    return Linear(name, Encoding.F32, rows, cols, codes=values, bias=bias)
+    return make_linear(name, Encoding.F32, values.shape, codes=values, bias=bias)
 
 
 class FakeQuantModel:
@@ -343,57 +325,24 @@ class FakeQuantModel:
     def __init__(self, model: Any) -> None:
         """``model``: a runtime ``Model`` open on float weights (not closed here)."""
         self.model = model
-        w = self.model.weights
-        keep = (*_ATTR.values(), "attn_norm", "ffn_norm")
-        self._orig = {
-            "embed": w.embed,
-            "output": w.output,
-            "norm": w.norm,
-            "layers": [{a: getattr(lw, a) for a in keep} for lw in w.layers],
-        }
+        self._overrides = WeightOverrides(model)
 
     def close(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        w = self.model.weights
-        w.embed, w.output, w.norm = self._orig["embed"], self._orig["output"], self._orig["norm"]
-        for lw, orig in zip(w.layers, self._orig["layers"], strict=True):
-            for a, lin in orig.items():
-                setattr(lw, a, lin)
+        self._overrides.reset()
 
     def swap(self, name: str, values: Any, role: str | None = None) -> None:
         """Use ``values`` for tensor ``name``: an :class:`EncodedTensor` (kept encoded, the
         numpy kernels decode it block by block), a pair of them (low-rank factors ``U``,
         ``V``), float32 ``[R, C]``, or a 1-D float32 array for a norm weight or a bias.
         ``role`` ("embed"/"head") picks one use of a tied embedding (default: both)."""
-        import dataclasses
-
-        from edgepack.runtime_shim.weights import Embedding
-
-        w = self.model.weights
         if isinstance(values, np.ndarray) and values.ndim == 1:
-            v = np.ascontiguousarray(values, _F32)
-            m = re.match(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$", name)
-            if name == "norm.weight":
-                w.norm = v
-            elif m and m[3] == "weight" and m[2] in ("attn_norm", "ffn_norm"):
-                setattr(w.layers[int(m[1])], m[2], v)
-            elif m and m[3] == "bias" and m[2] in _ATTR:
-                lw = w.layers[int(m[1])]
-                old = getattr(lw, _ATTR[m[2]])
-                setattr(lw, _ATTR[m[2]], dataclasses.replace(old, bias=v, native=None))
+            self._overrides.set_vector(name, values)
             return
-        kind, layer = kind_of(name)
-        bias = getattr(w.layers[layer], _ATTR[kind]).bias if layer is not None else None
-        lin = _linear(name, values, bias)
-        if layer is not None:
-            setattr(w.layers[layer], _ATTR[kind], lin)
-            return
-        if w.embed.table.name == name and role in (None, "embed"):
-            w.embed = Embedding(lin)
-        if w.output.name == name and role in (None, "head"):
-            w.output = lin
+        lin = _linear(name, values, self._overrides.bias_of(name))
+        self._overrides.set_linear(name, lin, role)
 
     def log_probs(self, ids: Sequence[int]) -> np.ndarray:
         seq = self.model.new_sequence()

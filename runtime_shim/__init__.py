@@ -8,13 +8,18 @@ or a chat template rendered.
     model = edgepack.runtime_shim.open("chat.epk", trusted_keys=["release.pub"])
     for piece in model.session().generate("The capital of France is", max_tokens=16):
         print(piece, end="")
+
+The packager's measurements (calibration, sensitivity, device profiles) go through the
+public submodule :mod:`edgepack.runtime_shim.instrument`, which apps never import.
 """
 
 from .capabilities import runtime_capabilities, runtime_version
 from .errors import (
     ChatTemplateError,
+    KernelStatus,
     KernelUnavailableError,
     KVCacheFullError,
+    NumericError,
     RuntimeShimError,
     TokenizerUnavailableError,
 )
@@ -23,17 +28,21 @@ from .model import Model, open
 from .sampling import SamplingParams
 from .session import Session
 from .stats import GenerationStats
+from .tokenizer import Tokenizer
 
 __all__ = [
     "ChatTemplateError",
     "GenerationStats",
     "KVCacheConfig",
     "KVCacheFullError",
+    "KernelStatus",
     "KernelUnavailableError",
     "Model",
+    "NumericError",
     "RuntimeShimError",
     "SamplingParams",
     "Session",
+    "Tokenizer",
     "TokenizerUnavailableError",
     "open",
     "runtime_capabilities",

@@ -6,12 +6,16 @@ Package problems reuse the format's types (``CorruptPackageError``, ``SignatureE
 
 from __future__ import annotations
 
+import enum
+
 from edgepack.format.errors import EdgepackError
 
 __all__ = [
     "ChatTemplateError",
     "KVCacheFullError",
+    "KernelStatus",
     "KernelUnavailableError",
+    "NumericError",
     "RuntimeShimError",
     "TokenizerUnavailableError",
 ]
@@ -37,3 +41,46 @@ class ChatTemplateError(RuntimeShimError):
 
 class TokenizerUnavailableError(RuntimeShimError):
     """The package has no tokenizer, or its kind needs the ``tokenizers`` package."""
+
+
+class KernelStatus(enum.IntEnum):
+    """Why a native kernel stopped: the numbering of ``Status`` in native/src/kernels.h
+    (exported as ``_kernels.STATUS_CODES``; tests/test_runtime_errors.py checks them
+    equal). Errors raised for one carry it as ``.code``."""
+
+    OK = 0
+    NON_FINITE = 1  # NaN/Inf in the input
+    SCALE_OVERFLOW = 2  # a float16 scale does not fit
+    MIN_OVERFLOW = 3  # a float16 min does not fit
+    BAD_SHAPE = 4
+    BAD_DTYPE = 5
+
+
+class NumericError(RuntimeShimError, FloatingPointError):
+    """NaN/Inf, or a scale beyond float16, met while quantizing activations or the KV
+    cache; raised by the numpy and the native kernels alike.
+
+    ``code`` is the :class:`KernelStatus`; ``op`` the kernel, ``row`` / ``col`` where
+    (-1 when unknown). On the int8-activation path the runtime recomputes the layer with
+    float activations instead of raising; seen by a caller, the input (or the model's
+    weights) hold non-finite values.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: int = KernelStatus.NON_FINITE,
+        op: str = "",
+        row: int = -1,
+        col: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.code = KernelStatus(code)
+        self.op = op
+        self.row = row
+        self.col = col
+
+    @property
+    def kind(self) -> str:
+        """``"scale_overflow"`` or ``"non_finite"`` (the status as a word)."""
+        return "scale_overflow" if self.code == KernelStatus.SCALE_OVERFLOW else "non_finite"

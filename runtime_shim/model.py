@@ -25,7 +25,9 @@ from edgepack.format.signing import load_public_key, verify_signature_block
 
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
+from .errors import NumericError
 from .kernels import (
+    Fallback,
     Kernels,
     LayerContext,
     select_kernels,
@@ -337,7 +339,7 @@ class Model:
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
-                stats.record_fallback(lw.index, res.fallback)
+                stats.record_fallback(lw.index, res.fallback.value)
                 _log.debug(
                     "layer %d: %s: recomputed with float activations", lw.index, res.fallback
                 )
@@ -348,7 +350,7 @@ class Model:
                     self._warned_nonfinite = True
                     _log.warning("layer %d: %s on the float path too", lw.index, res.fallback)
             if res.x is None:
-                raise FloatingPointError(f"layer {lw.index} failed: {res.fallback}")
+                raise NumericError(f"layer {lw.index} failed: {res.fallback}")
             x = res.x
             if collect is not None:
                 collect.setdefault(f"layers.{lw.index}", []).append(x)
@@ -365,7 +367,7 @@ class Model:
             qa = k.quantize_activations(x, out.act_group)
             if not qa.overflow:
                 return k.matmul(qa, out)
-            stats.record_fallback("head", "activation scale overflow (head input)")
+            stats.record_fallback("head", Fallback.HEAD_INPUT.value)
         return k.matmul(x, out)
 
     def new_sequence(self) -> KVSequence:

@@ -104,3 +104,21 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a = np.asarray(a, np.float64).ravel()
     b = np.asarray(b, np.float64).ravel()
     return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+
+def native_runtime_module(needs: str = "quantize_act"):
+    """The native extension when it has ``needs`` (a runtime kernel), else skip the test."""
+    import pytest
+
+    from edgepack import native
+
+    mod = native.load()
+    if mod is None or not hasattr(mod, needs):
+        pytest.skip(f"native extension without {needs}")
+    return mod
+
+
+def tiny_package(factory, encoding: str) -> Path:
+    """A tiny Llama converted to ``encoding`` in a fresh temporary folder."""
+    root = factory.mktemp(f"tiny-{encoding}")
+    return convert_to(root, tiny_model_dir(root), encoding)

@@ -1,6 +1,6 @@
 // Python bindings for the quantization kernels: strict argument checking, conversion of
-// kernel Status codes into edgepack.format.errors.EncodingError, GIL release and
-// row-parallel execution.  Semantics and messages mirror edgepack/format/codecs.py.
+// kernel Status codes into edgepack.format.errors.EncodingError (carrying the Status as
+// .code; STATUS_CODES exports the numbering), GIL release and row-parallel execution.  Semantics and messages mirror edgepack/format/codecs.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -39,8 +39,31 @@ py::object& encoding_error() {
         .get_stored();
 }
 
-[[noreturn]] void raise_encoding(const std::string& msg) {
-    py::set_error(encoding_error(), msg.c_str());
+// The Status numbering by name (edgepack.runtime_shim.errors.KernelStatus mirrors it).
+py::dict status_codes() {
+    py::dict d;
+    for (const Status s : {Status::ok, Status::non_finite, Status::scale_overflow, Status::min_overflow,
+                           Status::bad_shape, Status::bad_dtype}) {
+        const char* name = "";
+        switch (s) {
+            case Status::ok: name = "ok"; break;
+            case Status::non_finite: name = "non_finite"; break;
+            case Status::scale_overflow: name = "scale_overflow"; break;
+            case Status::min_overflow: name = "min_overflow"; break;
+            case Status::bad_shape: name = "bad_shape"; break;
+            case Status::bad_dtype: name = "bad_dtype"; break;
+        }
+        d[name] = static_cast<int32_t>(s);
+    }
+    return d;
+}
+
+// EncodingError(msg) with .code = the Status that stopped the kernel (bad_shape / bad_dtype
+// for arguments the binding refuses).
+[[noreturn]] void raise_encoding(const std::string& msg, Status code) {
+    py::object err = encoding_error()(msg);
+    err.attr("code") = static_cast<int32_t>(code);
+    PyErr_SetObject(encoding_error().ptr(), err.ptr());
     throw py::error_already_set();
 }
 
@@ -57,17 +80,17 @@ Matrix as_matrix(const py::object& w) {
     if (!arr) throw py::error_already_set();
     if (arr.dtype().kind() != 'f') {
         raise_encoding("cannot encode tensor of dtype " + py_str(arr.dtype()) +
-                       ": a float dtype is required");
+                       ": a float dtype is required", Status::bad_dtype);
     }
     if (arr.ndim() < 2) {
         raise_encoding("cannot encode a " + std::to_string(arr.ndim()) +
-                       "-D tensor: at least 2 dimensions needed");
+                       "-D tensor: at least 2 dimensions needed", Status::bad_shape);
     }
     Matrix m;
     m.shape.assign(arr.shape(), arr.shape() + arr.ndim());
     if (arr.size() == 0) {
         raise_encoding("cannot encode empty tensor of shape " +
-                       py_str(py::tuple(py::cast(m.shape))));
+                       py_str(py::tuple(py::cast(m.shape))), Status::bad_shape);
     }
     m.a = F32Array::ensure(arr);
     if (!m.a) throw py::error_already_set();
@@ -79,11 +102,11 @@ Matrix as_matrix(const py::object& w) {
 int64_t check_group(int64_t cols, int64_t g) {
     if (g < kMinGroup || g > kMaxGroup || g % 8 != 0) {
         raise_encoding("group size " + std::to_string(g) + " invalid: must be a multiple of 8 in [" +
-                       std::to_string(kMinGroup) + ", " + std::to_string(kMaxGroup) + "]");
+                       std::to_string(kMinGroup) + ", " + std::to_string(kMaxGroup) + "]", Status::bad_shape);
     }
     if (cols % g != 0) {
         raise_encoding("row length " + std::to_string(cols) + " is not a multiple of the group size " +
-                       std::to_string(g));
+                       std::to_string(g), Status::bad_shape);
     }
     return g;
 }
@@ -145,12 +168,12 @@ std::string format_value(float v) {
         std::string pos = "(";
         for (size_t k = 0; k < idx.size(); ++k) pos += (k ? ", " : "") + std::to_string(idx[k]);
         raise_encoding("cannot encode tensor: non-finite value (" + format_value(v) +
-                       ") at index " + pos + ")");
+                       ") at index " + pos + ")", res.status);
     }
     const char* what = res.status == Status::min_overflow ? "min" : "scale";
     raise_encoding(std::string("cannot encode tensor: float16 ") + what + " overflows in row " +
                    std::to_string(res.row) + ", group " + std::to_string(res.col) +
-                   " (weights too large for int4)");
+                   " (weights too large for int4)", res.status);
 }
 
 py::array float16_array(int64_t rows, int64_t cols) {
@@ -214,13 +237,13 @@ py::array dequantize_int8_channel(const py::array& codes_in, const py::array& sc
                                   const py::object& out, int threads) {
     check_threads(threads);
     if (codes_in.dtype().kind() != 'i' || codes_in.dtype().itemsize() != 1 || codes_in.ndim() != 2) {
-        raise_encoding("int8 codes must be a 2-D int8 array, got " + describe(codes_in));
+        raise_encoding("int8 codes must be a 2-D int8 array, got " + describe(codes_in), Status::bad_dtype);
     }
     const int64_t R = codes_in.shape(0), C = codes_in.shape(1);
     if (!scales_in.dtype().is(py::dtype::of<float>()) || scales_in.ndim() != 1 ||
         scales_in.shape(0) != R) {
         raise_encoding("int8 scales must be float32 of shape " + shape_str(R) + ", got " +
-                       describe(scales_in));
+                       describe(scales_in), Status::bad_shape);
     }
     auto codes = contiguous<int8_t>(codes_in);
     auto scales = contiguous<float>(scales_in);
@@ -275,14 +298,14 @@ py::array dequantize_int4_group(const py::array& codes_in, const py::array& scal
                                 const py::object& out, int threads) {
     check_threads(threads);
     if (!codes_in.dtype().is(py::dtype::of<uint8_t>()) || codes_in.ndim() != 2) {
-        raise_encoding("int4 codes must be a 2-D uint8 array, got " + describe(codes_in));
+        raise_encoding("int4 codes must be a 2-D uint8 array, got " + describe(codes_in), Status::bad_dtype);
     }
     const int64_t R = codes_in.shape(0), C = codes_in.shape(1) * 2;
     const int64_t g = check_group(C, group_size), G = C / g;
     if (!is_f16(scales_in) || scales_in.ndim() != 2 || scales_in.shape(0) != R ||
         scales_in.shape(1) != G) {
         raise_encoding("int4 scales must be float16 of shape " + shape_str(R, G) + ", got " +
-                       describe(scales_in));
+                       describe(scales_in), Status::bad_shape);
     }
     const bool has_mins = !mins_in.is_none();
     py::array mins_arr;  // note: a default py::array is an empty array, not a null handle
@@ -292,7 +315,7 @@ py::array dequantize_int4_group(const py::array& codes_in, const py::array& scal
         if (!is_f16(mins_arr) || mins_arr.ndim() != 2 || mins_arr.shape(0) != R ||
             mins_arr.shape(1) != G) {
             raise_encoding("int4 mins must be float16 of shape " + shape_str(R, G) + ", got " +
-                           describe(mins_arr));
+                           describe(mins_arr), Status::bad_shape);
         }
     }
     auto codes = contiguous<uint8_t>(codes_in);
@@ -358,6 +381,7 @@ void set_isa(const std::string& name) {
 PYBIND11_MODULE(_kernels, m) {
     m.doc() = "edgepack native quantization kernels (bit-identical to edgepack.format.codecs)";
     encoding_error();  // import the exception class now so a broken install fails early
+    m.attr("STATUS_CODES") = status_codes();
 
     m.def("quantize_int8_channel", &quantize_int8_channel, py::arg("w"), py::kw_only(),
           py::arg("threads") = 2, "Symmetric int8 per row: returns (codes int8[R, C], scales f32[R]).");

@@ -866,84 +866,16 @@ def make_ctx(T: int, start: int, act: bool, float_kv: bool = False):
 
 
 def py_layer(lw, x, ctx):
-    """The runtime's composite layer written with the single native ops."""
-    T = x.shape[0]
+    """The runtime's own layer chain (runtime_shim.kernels.layer) over the single native ops."""
+    from edgepack.runtime_shim.kernels import NativeKernels
+    from edgepack.runtime_shim.kernels.layer import CompositeLayer
 
-    def overflow(s):
-        return s.size and float(s.max()) > 65504.0
-
-    def quant(h, g):
-        try:
-            q, s = k.quantize_act(h, g)
-        except k.NumericError:
-            return None
-        return None if overflow(s) else (q, s, g)
-
-    def inputs(h, lins):
-        out, cache = [], {}
-        for lin in lins:
-            if not (ctx.act_int8 and lin.is_quantized):
-                out.append(h)
-                continue
-            if lin.act_group not in cache:
-                cache[lin.act_group] = quant(h, lin.act_group)
-                if cache[lin.act_group] is None:
-                    return None
-            out.append(cache[lin.act_group])
-        return out
-
-    def mm(a, lin, residual=None):
-        if lin.factors is not None:
-            xf = (
-                a
-                if isinstance(a, np.ndarray)
-                else (a[0].reshape(T, -1, a[2]) * a[1][:, :, None]).reshape(T, -1)
-            )
-            return k.lowrank(
-                xf, lin.factors[0].native, lin.factors[1].native, residual, bias=lin.bias
-            )
-        if isinstance(a, tuple) and lin.is_quantized:
-            return k.linear_q8(a[0], a[1], a[2], lin.native, residual, bias=lin.bias)
-        return k.linear_f32(a, lin.native, residual, bias=lin.bias)
-
-    kvc = (ctx.kv.k, ctx.kv.k_scales, ctx.kv.v, ctx.kv.v_scales)
-    if ctx.act_int8 and lw.qkv_group:
-        try:
-            q, s = k.rmsnorm_quant(x, lw.attn_norm, ctx.eps, lw.qkv_group)
-        except k.NumericError:
-            return None, "activation scale overflow (attention input)"
-        if overflow(s):
-            return None, "activation scale overflow (attention input)"
-        ins = [(q, s, lw.qkv_group)] * 3
-    else:
-        ins = inputs(k.rmsnorm(x, lw.attn_norm, ctx.eps), (lw.q, lw.k, lw.v))
-        if ins is None:
-            return None, "activation scale overflow (attention input)"
-    q = mm(ins[0], lw.q).reshape(T, NH, D)
-    kk = mm(ins[1], lw.k).reshape(T, HKV, D)
-    v = mm(ins[2], lw.v).reshape(T, HKV, D)
-    rows = np.arange(T)
-    k.rope(q, rows, cos=ctx.cos, sin=ctx.sin)
-    k.rope(kk, rows, cos=ctx.cos, sin=ctx.sin)
-    a = k.attention_prefill(q, kk, v, *kvc, ctx.block_table, int(ctx.positions[0])).reshape(
-        T, NH * D
-    )
-    a_in = inputs(a, (lw.o,))
-    if a_in is None:
-        return None, "activation scale overflow (attention output)"
-    x = mm(a_in[0], lw.o, x)
-    if ctx.act_int8 and lw.gate_up_group:
-        q2, s2 = k.rmsnorm_quant(x, lw.ffn_norm, ctx.eps, lw.gate_up_group)
-        ins = [(q2, s2, lw.gate_up_group)] * 2
-    else:
-        ins = inputs(k.rmsnorm(x, lw.ffn_norm, ctx.eps), (lw.gate, lw.up))
-    g, u = mm(ins[0], lw.gate), mm(ins[1], lw.up)
-    if ctx.act_int8 and lw.down.is_quantized:
-        qs, ss = k.swiglu_quant(g, u, lw.down.act_group)
-        s_in = (qs, ss, lw.down.act_group)
-    else:
-        s_in = k.swiglu(g, u)
-    return mm(s_in, lw.down, x), None
+    nk = NativeKernels(k, threads=k.get_threads())
+    ctx = NS(**vars(ctx), inject_overflow=False, start=int(ctx.positions[0]))
+    try:
+        return CompositeLayer.decoder_layer(nk, lw, x, ctx)  # not the fused entry point
+    finally:
+        nk.close()
 
 
 @pytest.mark.parametrize(
@@ -1096,5 +1028,8 @@ def test_stub_declares_every_public_name() -> None:
         for n in tree.body
         if isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("_")
     }
+    declared |= {  # constants (NAME: type) and re-exported classes (import X as X)
+        n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)
+    } | {a.asname for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names if a.asname}
     public = {n for n in dir(k) if not n.startswith("_")}
     assert declared == public, (sorted(public - declared), sorted(declared - public))

@@ -288,7 +288,7 @@ def test_native_runs_int3_int2_as_widened_int4(root: Path, activations: str) -> 
 @pytest.mark.skipif(not _native_available(), reason="no native runtime kernels")
 def test_native_falls_back_per_weight(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A weight the extension refuses stays on numpy; the others stay native."""
-    from edgepack.runtime_shim import kernels as kmod
+    from edgepack.runtime_shim.kernels import native_backend as kmod
 
     widen = kmod._native_codes
 

@@ -2,10 +2,10 @@
 //
 // Every argument is checked before any kernel runs: a wrong dtype is a TypeError, a wrong
 // shape, layout or value a ValueError, so no input can make a kernel read or write out of
-// bounds.  NaN/Inf met while quantizing (activations, KV cache) raise NumericError, which
-// derives from both edgepack.format.errors.EdgepackError and FloatingPointError and
-// carries .kind ("non_finite" | "scale_overflow"), .op, .row and .col; the runtime
-// catches it to recompute the layer on its float path.  The GIL is released around all
+// bounds.  NaN/Inf met while quantizing (activations, KV cache) raise
+// edgepack.runtime_shim.errors.NumericError (an EdgepackError and a FloatingPointError)
+// carrying the kernel's Status as .code, and .op, .row, .col; the runtime catches it to
+// recompute the layer on its float path.  The GIL is released around all
 // kernel work.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -35,33 +35,31 @@ using Shape = std::vector<py::ssize_t>;
 py::object& numeric_error() {
     PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> storage;
     return storage
-        .call_once_and_store_result([]() {
-            py::object base = py::module_::import("edgepack.format.errors").attr("EdgepackError");
-            py::object fpe = py::module_::import("builtins").attr("FloatingPointError");
-            py::dict ns;
-            ns["__module__"] = "edgepack.native._kernels";
-            ns["__doc__"] =
-                "NaN/Inf or an unrepresentable scale met while quantizing activations or the KV "
-                "cache.  Attributes: kind ('non_finite' | 'scale_overflow'), op, row, col.  The "
-                "runtime recomputes the layer on its float path when it sees this.";
-            return py::module_::import("builtins").attr("type")("NumericError", py::make_tuple(base, fpe), ns);
-        })
+        .call_once_and_store_result(
+            []() { return py::module_::import("edgepack.runtime_shim.errors").attr("NumericError"); })
         .get_stored();
 }
 
+}  // namespace
+
 [[noreturn]] void raise_numeric(const Result& r, const char* op, const std::string& where) {
-    const char* kind = r.status == Status::scale_overflow ? "scale_overflow" : "non_finite";
     const std::string msg = std::string(op) + ": " +
                             (r.status == Status::scale_overflow ? "float16 scale overflow" : "non-finite value") +
                             " at " + where;
-    py::object err = numeric_error()(msg);
-    err.attr("kind") = kind;
-    err.attr("op") = op;
-    err.attr("row") = r.row;
-    err.attr("col") = r.col;
+    py::object err = numeric_error()(msg, static_cast<int32_t>(r.status), op, r.row, r.col);
     PyErr_SetObject(numeric_error().ptr(), err.ptr());
     throw py::error_already_set();
 }
+
+std::string kv_where(const Result& r, int64_t H) {
+    if (r.status == Status::scale_overflow) {
+        return "token " + std::to_string(r.row) + ", V group " + std::to_string(r.col);
+    }
+    const bool is_v = r.col >= H;
+    return "token " + std::to_string(r.row) + ", " + (is_v ? "v" : "k") + " head " + std::to_string(is_v ? r.col - H : r.col);
+}
+
+namespace {
 
 std::string str(const py::handle& h) { return py::str(h).cast<std::string>(); }
 
@@ -721,14 +719,6 @@ py::array thd(const py::object& o, const char* name, bool single) {
         return r;
     }
     return a;
-}
-
-std::string kv_where(const Result& r, int64_t H) {
-    if (r.status == Status::scale_overflow) {
-        return "token " + std::to_string(r.row) + ", V group " + std::to_string(r.col);
-    }
-    const bool is_v = r.col >= H;
-    return "token " + std::to_string(r.row) + ", " + (is_v ? "v" : "k") + " head " + std::to_string(is_v ? r.col - H : r.col);
 }
 
 py::array py_attention(const py::object& q_in, const py::object& k_in, const py::object& v_in, const py::object& kc,

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "infer.h"
@@ -34,6 +35,12 @@ struct __attribute__((visibility("hidden"))) KvHandle {
 KvHandle kv_cache_from(const pybind11::object& k_cache, const pybind11::object& k_scale,
                        const pybind11::object& v_cache, const pybind11::object& v_scale,
                        const pybind11::object& block_table, int64_t needed_positions);
+
+// Raises edgepack.runtime_shim.errors.NumericError for a failed kernel Result: .code is
+// the Status, .op the kernel, .row / .col where; the message says `where` in words.
+[[noreturn]] void raise_numeric(const Result& r, const char* op, const std::string& where);
+// "token t, k head h" (or V group) of a KV-write Result over H kv heads.
+std::string kv_where(const Result& r, int64_t H);
 
 void bind_infer(pybind11::module_& m);
 void bind_layer(pybind11::module_& m);  // layer.cpp

@@ -9,23 +9,23 @@
 //   the quantization for down) -> down + residual.
 //
 // Int8-activation path (ctx.act_int8): a quantization that meets NaN/Inf or yields a scale
-// above 65504 returns (None, "activation scale overflow (<where>)") and non-finite K/V
-// returns (None, "non-finite K/V"), so the runtime recomputes the layer with float
-// activations; a non-finite output returns (x_out, "non-finite layer output").  On the
-// float path non-finite K/V raise NumericError.  Python attributes are read once per
+// above 65504, or non-finite K/V, return (None, reason), so the runtime recomputes the
+// layer with float activations; a non-finite output returns (x_out, reason).  The reasons
+// are the Fallback enum's strings (fallback.h).  On the float path non-finite K/V raise
+// edgepack.runtime_shim.NumericError carrying the kernel's Status code.  Python attributes are read once per
 // call (a few microseconds), then the whole layer runs without the GIL on the pool, which
 // keeps spinning between the ~12 ops instead of sleeping.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../fp16.h"
 #include "bind_infer.h"
+#include "fallback.h"
 #include "ops.h"
 
 namespace py = pybind11;
@@ -164,8 +164,11 @@ struct Runner {
         }
     }
 
-    // Returns nullptr on success, else the reason; "!" prefix: raise instead (float path).
-    const char* run() {
+    // Why the layer gave up (Fallback::none: it ran through).  Non-finite K/V on the float
+    // path set `kv_error` (the attention Result): the caller raises instead.
+    Result kv_error;
+
+    Fallback run() {
         const int64_t T = a.T, H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd, F = a.ffn;
         // ---- attention
         Act ins[3];
@@ -173,14 +176,14 @@ struct Runner {
             int8_t* q = ar.get<int8_t>(T * H);
             float* s = ar.get<float>(T * (H / a.qkv_group));
             const Result r = rmsnorm_quant({a.x, H}, a.attn_norm, T, H, a.eps, a.qkv_group, q, s);
-            if (overflowed(r, s, T * (H / a.qkv_group))) return "activation scale overflow (attention input)";
+            if (overflowed(r, s, T * (H / a.qkv_group))) return Fallback::attention_input;
             ins[0] = ins[1] = ins[2] = Act{nullptr, q, s, a.qkv_group};
         } else {
             float* h = ar.get<float>(T * H);
             rmsnorm({a.x, H}, a.attn_norm, T, H, a.eps, h, H);
             const Lin* l3[3] = {&a.q, &a.k, &a.v};
             for (int i = 0; i < 3; ++i) {
-                if (!input_for(*l3[i], h, H, &ins[i])) return "activation scale overflow (attention input)";
+                if (!input_for(*l3[i], h, H, &ins[i])) return Fallback::attention_input;
             }
         }
         float* qb = ar.get<float>(T * QD);
@@ -204,10 +207,14 @@ struct Runner {
         at.start = a.start;
         at.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.hd)));
         at.out = att;
-        if (attention(a.kv, at).status != Status::ok) return a.act ? "non-finite K/V" : "!non-finite K/V";
+        const Result kv_r = attention(a.kv, at);
+        if (kv_r.status != Status::ok) {
+            if (!a.act) kv_error = kv_r;
+            return Fallback::non_finite_kv;
+        }
         Act ao;
         cache.clear();
-        if (!input_for(a.o, att, QD, &ao)) return "activation scale overflow (attention output)";
+        if (!input_for(a.o, att, QD, &ao)) return Fallback::attention_output;
         float* x1 = ar.get<float>(T * H);
         apply(a.o, ao, x1, a.x);
         // ---- FFN
@@ -217,13 +224,13 @@ struct Runner {
             int8_t* q = ar.get<int8_t>(T * H);
             float* s = ar.get<float>(T * (H / a.gate_up_group));
             const Result r = rmsnorm_quant({x1, H}, a.ffn_norm, T, H, a.eps, a.gate_up_group, q, s);
-            if (overflowed(r, s, T * (H / a.gate_up_group))) return "activation scale overflow (FFN input)";
+            if (overflowed(r, s, T * (H / a.gate_up_group))) return Fallback::ffn_input;
             gi[0] = gi[1] = Act{nullptr, q, s, a.gate_up_group};
         } else {
             float* h = ar.get<float>(T * H);
             rmsnorm({x1, H}, a.ffn_norm, T, H, a.eps, h, H);
             if (!input_for(a.gate, h, H, &gi[0]) || !input_for(a.up, h, H, &gi[1])) {
-                return "activation scale overflow (FFN input)";
+                return Fallback::ffn_input;
             }
         }
         float* gb = ar.get<float>(T * F);
@@ -236,7 +243,7 @@ struct Runner {
             int8_t* q = ar.get<int8_t>(T * F);
             float* s = ar.get<float>(T * (F / g));
             const Result r = swiglu_quant({gb, F}, {ub, F}, T, F, g, q, s);
-            if (overflowed(r, s, T * (F / g))) return "activation scale overflow (FFN hidden)";
+            if (overflowed(r, s, T * (F / g))) return Fallback::ffn_hidden;
             di = Act{nullptr, q, s, g};
         } else {
             float* sb = ar.get<float>(T * F);
@@ -245,9 +252,9 @@ struct Runner {
         }
         apply(a.down, di, a.out, x1);
         for (int64_t i = 0; i < T * H; ++i) {
-            if ((f32_bits(a.out[i]) & 0x7f800000u) == 0x7f800000u) return "non-finite layer output";
+            if ((f32_bits(a.out[i]) & 0x7f800000u) == 0x7f800000u) return Fallback::non_finite_output;
         }
-        return nullptr;
+        return Fallback::none;
     }
 };
 
@@ -429,28 +436,30 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
 
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
-    const char* reason = nullptr;
+    Fallback reason = Fallback::none;
+    Result kv_error;
     {
         py::gil_scoped_release nogil;
         thread_local std::vector<uint8_t> buf;
         const size_t need = static_cast<size_t>(arena_bytes(a));
         if (buf.size() < need) buf.resize(need);
         Arena ar(buf);
-        Runner r{a, ar, {}};
+        Runner r{a, ar, {}, {}};
         reason = r.run();
+        kv_error = r.kv_error;
     }
-    if (reason == nullptr) return py::make_tuple(out, py::none());
-    if (reason[0] == '!') {
-        PyErr_SetString(PyExc_FloatingPointError, (std::string("decoder_layer: ") + (reason + 1)).c_str());
-        throw py::error_already_set();
-    }
-    if (std::strcmp(reason, "non-finite layer output") == 0) return py::make_tuple(out, reason);
-    return py::make_tuple(py::none(), reason);
+    if (reason == Fallback::none) return py::make_tuple(out, py::none());
+    if (kv_error.status != Status::ok) raise_numeric(kv_error, "decoder_layer", kv_where(kv_error, a.nkv));
+    if (reason == Fallback::non_finite_output) return py::make_tuple(out, fallback_reason(reason));
+    return py::make_tuple(py::none(), fallback_reason(reason));
 }
 
 }  // namespace
 
 void bind_layer(py::module_& m) {
+    py::dict reasons;
+    for (const Fallback f : kFallbacks) reasons[py::int_(static_cast<int32_t>(f))] = fallback_reason(f);
+    m.attr("FALLBACK_REASONS") = reasons;
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");

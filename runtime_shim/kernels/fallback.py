@@ -1,0 +1,35 @@
+"""Why a layer's int8-activation result is recomputed on the float path.
+
+One enum for both backends: the native one is defined in native/src/infer/fallback.h and
+exported as ``_kernels.FALLBACK_REASONS`` (``{code: reason}``), which must equal this
+mirror (tests/test_runtime_layer_chain.py). A member *is* its reason string, so the
+statistics keep counting by reason.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Fallback"]
+
+
+class Fallback(str, enum.Enum):
+    """A fallback reason; ``code`` is its stable number across the native boundary."""
+
+    ATTENTION_INPUT = "activation scale overflow (attention input)"
+    ATTENTION_OUTPUT = "activation scale overflow (attention output)"
+    FFN_INPUT = "activation scale overflow (FFN input)"
+    FFN_HIDDEN = "activation scale overflow (FFN hidden)"
+    HEAD_INPUT = "activation scale overflow (head input)"
+    NON_FINITE_KV = "non-finite K/V"
+    NON_FINITE_OUTPUT = "non-finite layer output"
+
+    def __str__(self) -> str:  # the reason, in logs and messages
+        return self.value
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+
+_CODES = {member: i for i, member in enumerate(Fallback, start=1)}

@@ -1,0 +1,281 @@
+"""The native backend: ``edgepack.native._kernels`` for each op it provides, numpy for
+the rest (one warning naming them); a whole decoder layer per call when it can."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgepack.format import Encoding, codecs
+
+from ..errors import NumericError
+from ..kv_cache import LayerKV
+from ..weights import LayerWeights, Linear
+from .fallback import Fallback
+from .interface import (
+    ACT_SCALE_MAX,
+    KERNEL_OPS,
+    LayerContext,
+    LayerResult,
+    QuantizedActivations,
+)
+from .layer import CompositeLayer
+from .numpy_backend import NumpyKernels
+
+__all__ = ["NativeKernels"]
+
+_log = logging.getLogger("edgepack.runtime")
+_F32 = np.float32
+
+_NATIVE_FUNCS = {
+    "rmsnorm": ("rmsnorm",),
+    "rmsnorm_quantize": ("rmsnorm_quant",),
+    "quantize_activations": ("quantize_act",),
+    "matmul": ("Weight", "linear_f32", "linear_q8"),
+    "swiglu": ("swiglu",),
+    "swiglu_quantize": ("swiglu_quant",),
+    "rope": ("rope",),
+    "attend": ("attention_prefill", "attention_decode"),
+}
+
+
+class NativeKernels(CompositeLayer):
+    """``edgepack.native._kernels`` where it has the op, numpy for the rest.
+
+    Uses (native/src/infer/bind_infer.cpp): ``Weight(codes, scales, zeros, encoding,
+    group)`` bound once per matrix at open, ``linear_f32(x, w, residual, bias=)``,
+    ``linear_q8(q, s, act_group, w, residual, bias=)``, ``lowrank(x, u, v, residual,
+    bias=)``, ``quantize_act(x, group)``, ``rmsnorm(x, w, eps)``, ``rmsnorm_quant(x, w,
+    eps, group)``, ``swiglu(g, u)``, ``swiglu_quant(g, u, group)``, ``rope(x, positions,
+    cos=, sin=)`` (in place), ``attention_prefill`` / ``attention_decode(q, k, v, k_cache,
+    k_scale, v_cache, v_scale, block_table, start)`` (KV write fused with attention),
+    ``set_threads(n)``; quantizing ops raise
+    :class:`~edgepack.runtime_shim.errors.NumericError`.
+    A whole-layer ``decoder_layer(layer, x, ctx) -> (x_out | None, reason | None)`` is
+    used when present. An op whose call fails with a TypeError (an API mismatch) is
+    switched to numpy for good, with one warning.
+    """
+
+    def __init__(self, module: Any, threads: int | None = None) -> None:
+        self.mod = module
+        self.numpy = NumpyKernels(threads)
+        self.threads = self.numpy.threads
+        if hasattr(module, "set_threads"):
+            module.set_threads(self.threads)
+        isa = module.active_isa() if hasattr(module, "active_isa") else "?"
+        self.native_ops = {
+            op for op, funcs in _NATIVE_FUNCS.items() if all(hasattr(module, f) for f in funcs)
+        }
+        self.missing = [op for op in KERNEL_OPS if op not in self.native_ops]
+        self.isa = isa
+        self._fused_layer = hasattr(module, "decoder_layer")
+        self._warned: set[str] = set()
+        self.partial_matmul = False  # some weights could not be bound natively
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        name = f"native:{self.isa}"
+        if self.missing:
+            name += " (numpy: " + ", ".join(self.missing) + ")"
+        return name
+
+    @property
+    def implements_any(self) -> bool:
+        return bool(self.native_ops)
+
+    def close(self) -> None:
+        self.numpy.close()
+
+    def _drop(self, op: str, exc: BaseException) -> None:
+        self.native_ops.discard(op)
+        if op not in self.missing:
+            self.missing.append(op)
+        if op not in self._warned:
+            self._warned.add(op)
+            _log.warning("native %s failed (%s): using numpy for it from now on", op, exc)
+
+    def bind(self, weights: Sequence[Linear]) -> None:
+        """Bind each weight once; one the extension cannot take stays on numpy."""
+        if "matmul" not in self.native_ops:
+            return
+        unbound: dict[str, int] = {}
+        for lin in weights:
+            for p in lin.factors if lin.factors is not None else (lin,):
+                if p.native is not None:
+                    continue
+                try:
+                    codes, enc = _native_codes(p)
+                    p.native = self.mod.Weight(codes, p.scales, p.zeros, int(enc), p.group_size)
+                except (TypeError, ValueError):
+                    name = p.encoding.name.lower()
+                    unbound[name] = unbound.get(name, 0) + 1
+        if unbound:
+            what = ", ".join(f"{n} ({c} weights)" for n, c in sorted(unbound.items()))
+            _log.warning("native matmul lacks %s: numpy for those weights", what)
+            self.partial_matmul = True
+
+    # -- ops ------------------------------------------------------------------------------------
+    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        if "rmsnorm" in self.native_ops:
+            try:
+                return self.mod.rmsnorm(x, weight, float(eps))
+            except TypeError as exc:
+                self._drop("rmsnorm", exc)
+        return self.numpy.rmsnorm(x, weight, eps)
+
+    def _quantized(self, op: str, func: str, group: int, *args: Any) -> QuantizedActivations | None:
+        """``mod.func(*args, group)`` as activations (overflowed on NumericError); None when
+        the op is not (or no longer) native."""
+        if op not in self.native_ops:
+            return None
+        try:
+            q, s = getattr(self.mod, func)(*args, group)
+        except NumericError:
+            return _overflowed(group)
+        except TypeError as exc:
+            self._drop(op, exc)
+            return None
+        return QuantizedActivations(q, s, group, _scale_overflow(s))
+
+    def quantize_activations(self, x: np.ndarray, group: int) -> QuantizedActivations:
+        qa = self._quantized("quantize_activations", "quantize_act", group, x)
+        return self.numpy.quantize_activations(x, group) if qa is None else qa
+
+    def rmsnorm_quantize(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, group: int
+    ) -> QuantizedActivations:
+        qa = self._quantized("rmsnorm_quantize", "rmsnorm_quant", group, x, weight, eps)
+        return super().rmsnorm_quantize(x, weight, eps, group) if qa is None else qa
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        if "swiglu" in self.native_ops:
+            try:
+                return self.mod.swiglu(gate, up)
+            except TypeError as exc:
+                self._drop("swiglu", exc)
+        return self.numpy.swiglu(gate, up)
+
+    def swiglu_quantize(self, gate: np.ndarray, up: np.ndarray, group: int) -> QuantizedActivations:
+        qa = self._quantized("swiglu_quantize", "swiglu_quant", group, gate, up)
+        return super().swiglu_quantize(gate, up, group) if qa is None else qa
+
+    def matmul(
+        self,
+        x: np.ndarray | QuantizedActivations,
+        w: Linear,
+        residual: np.ndarray | None = None,
+    ) -> np.ndarray:
+        if "matmul" in self.native_ops and _bound(w):
+            try:
+                return self._matmul(x, w, residual)
+            except TypeError as exc:
+                self._drop("matmul", exc)
+        return self.numpy.matmul(x, w, residual)
+
+    def _matmul(
+        self, x: np.ndarray | QuantizedActivations, w: Linear, residual: np.ndarray | None
+    ) -> np.ndarray:
+        res = None if residual is None else _c32(residual)
+        if w.factors is not None:
+            u, v = w.factors
+            xf = x.dequantize() if isinstance(x, QuantizedActivations) else _c32(x)
+            return self.mod.lowrank(xf, u.native, v.native, res, bias=w.bias)
+        if isinstance(x, QuantizedActivations) and w.is_quantized:
+            return self.mod.linear_q8(x.q, x.scales, x.group, w.native, res, bias=w.bias)
+        xf = x.dequantize() if isinstance(x, QuantizedActivations) else _c32(x)
+        return self.mod.linear_f32(xf, w.native, res, bias=w.bias)
+
+    def rope(
+        self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray
+    ) -> np.ndarray:
+        if "rope" in self.native_ops:
+            try:
+                if not (x.flags.c_contiguous and x.flags.writeable and x.dtype == _F32):
+                    x = np.array(x, _F32, order="C")
+                # rotated in place (matmul outputs are fresh); cos/sin rows are per token
+                self.mod.rope(x, _rows(x.shape[0]), cos=cos, sin=sin)
+                return x
+            except TypeError as exc:
+                self._drop("rope", exc)
+        return self.numpy.rope(x, cos, sin, positions)
+
+    def attend(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv: LayerKV,
+        block_table: np.ndarray,
+        start: int,
+    ) -> np.ndarray:
+        if "attend" in self.native_ops and (kv.mode == "float" or kv.v_group == 32):
+            t, nh, hd = q.shape
+            try:
+                if t == 1:
+                    out = self.mod.attention_decode(
+                        _c32(q)[0], _c32(k)[0], _c32(v)[0], kv.k, kv.k_scales, kv.v,
+                        kv.v_scales, block_table, int(start),
+                    )  # fmt: skip
+                else:
+                    out = self.mod.attention_prefill(
+                        _c32(q), _c32(k), _c32(v), kv.k, kv.k_scales, kv.v, kv.v_scales,
+                        block_table, int(start),
+                    )  # fmt: skip
+                return out.reshape(t, nh * hd)
+            except TypeError as exc:
+                self._drop("attend", exc)
+        return self.numpy.attend(q, k, v, kv, block_table, start)
+
+    def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
+        """The extension's whole layer when it has one and every weight is bound; else the
+        shared chain (:mod:`.layer`) over this backend's ops."""
+        if not ctx.inject_overflow and self._fused_layer and all(_bound(lin) for lin in lw.linears):
+            out, reason = self.mod.decoder_layer(lw, x, ctx)
+            return LayerResult(out, None if reason is None else Fallback(reason))
+        return super().decoder_layer(lw, x, ctx)
+
+
+def _native_codes(p: Linear) -> tuple[np.ndarray, Encoding]:
+    """Codes and encoding to bind natively. int3/int2 codes are widened to int4 nibbles
+    once (same scales and mins, so every decoded value is identical) to run on the int4
+    kernels: 4 bits of memory per weight instead of 3 or 2, against about 50x the speed
+    of their numpy path."""
+    enc = p.encoding
+    if not enc.is_group or enc.bits == 4:
+        return p.codes, enc
+    q = codecs.unpack_codes(p.codes, enc.bits)
+    if enc.is_symmetric:  # (c - 2^(b-1)) * d == ((c + 8 - 2^(b-1)) - 8) * d
+        q += np.uint8(8 - (1 << (enc.bits - 1)))
+    return codecs.pack_nibbles(q), Encoding.group(4, enc.is_symmetric)
+
+
+def _overflowed(group: int) -> QuantizedActivations:
+    return QuantizedActivations(np.zeros((0, 0), np.int8), np.zeros((0, 0), _F32), group, True)
+
+
+def _scale_overflow(scales: np.ndarray) -> bool:
+    return bool(scales.size) and float(scales.max()) > ACT_SCALE_MAX
+
+
+def _bound(w: Linear) -> bool:
+    if w.factors is not None:
+        return all(f.native is not None for f in w.factors)
+    return w.native is not None
+
+
+def _c32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, _F32)
+
+
+_ROWS = np.arange(512, dtype=np.int64)
+
+
+def _rows(n: int) -> np.ndarray:
+    global _ROWS
+    if n > _ROWS.size:
+        _ROWS = np.arange(max(n, 2 * _ROWS.size), dtype=np.int64)
+    return _ROWS[:n]
+
