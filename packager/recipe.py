@@ -66,9 +66,9 @@ from typing import Any
 import tomllib
 
 from edgepack.format import Encoding
-from edgepack.format.errors import EXIT_USAGE, EdgepackError
 
 from .encode import EncodingChoice, parse_encoding
+from .errors import RecipeError
 
 __all__ = [
     "AdapterSpec",
@@ -88,12 +88,6 @@ _GROUP_KINDS = ("int4", "int4-asym", "int3", "int3-asym", "int2", "int2-asym")
 _KINDS = (*_GROUP_KINDS, *(f"{k}-s8" for k in _GROUP_KINDS), "int8", "f16", "f32")
 ALGORITHMS = ("rtn", "gptq")
 SEARCH_METHODS = ("knapsack", "greedy")
-
-
-class RecipeError(EdgepackError):
-    """The recipe is malformed or asks for something impossible (a usage error)."""
-
-    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)
