@@ -47,6 +47,8 @@ def build(
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
     from edgepack.packager.build import build as run_build
+    from edgepack.packager.calibration import calibration_texts
+    from edgepack.packager.profile_device import LatencyTable
     from edgepack.packager.recipe import load_recipe
 
     if target_bpw is not None and target_size is not None:
@@ -55,9 +57,20 @@ def build(
     if r.search.latency_budget_ms and not r.search.lut:
         raise click.UsageError("--latency-budget needs a LUT (--lut or [search] lut)")
     keys = [load_private_key(k) for k in sign_keys]
+    # bad input files fail here, not after minutes of importing and calibrating
+    table = LatencyTable.load(r.search.lut) if r.search.lut else None
+    if calib or r.calibration.file:
+        calibration_texts(calib or r.calibration.file)
     with progress_bars() as bar:
         result = run_build(
-            src, out, r, calib_file=calib, sign_keys=keys, progress=bar, report=not no_report
+            src,
+            out,
+            r,
+            calib_file=calib,
+            sign_keys=keys,
+            progress=bar,
+            report=not no_report,
+            lut=table,
         )
     for line in result.summary():
         click.echo(line)

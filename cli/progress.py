@@ -7,7 +7,7 @@ single-task byte counts (convert, verify), ``start(total)``, a phase named after
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -17,10 +17,12 @@ Counting = Literal["bytes", "steps"]
 
 
 class ProgressBars:
-    """One rich task per phase; finishing a phase fills its bar."""
+    """One rich task per phase; finishing a phase fills its bar. The display starts with
+    the first phase, so a command that fails before any work prints only its error."""
 
-    def __init__(self, progress: Any, description: str = "") -> None:
-        self._p = progress
+    def __init__(self, make_progress: Callable[[], Any] | None, description: str = "") -> None:
+        self._make = make_progress
+        self._p: Any = None
         self._name = description
         self._task = None
 
@@ -28,8 +30,11 @@ class ProgressBars:
         self.phase(self._name, total)
 
     def phase(self, name: str, total: int) -> None:
-        if self._p is None:
+        if self._make is None:
             return
+        if self._p is None:
+            self._p = self._make()
+            self._p.start()
         self.finish()
         self._name = name
         self._task = self._p.add_task(name, total=max(total, 1))
@@ -46,6 +51,10 @@ class ProgressBars:
     def finish(self) -> None:
         if self._p is not None and self._task is not None:
             self._p.update(self._task, completed=self._p.tasks[-1].total, description=self._name)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
 
 
 def _columns(counting: Counting) -> list[Any]:
@@ -79,7 +88,11 @@ def progress_bars(description: str = "", counting: Counting = "steps") -> Iterat
         return
     console = Console(stderr=True)
     transient = counting == "bytes" and console.is_terminal
-    with Progress(*_columns(counting), console=console, transient=transient) as p:
-        bars = ProgressBars(p, description)
+    bars = ProgressBars(
+        lambda: Progress(*_columns(counting), console=console, transient=transient), description
+    )
+    try:
         yield bars
         bars.finish()
+    finally:
+        bars.stop()
