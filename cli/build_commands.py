@@ -85,7 +85,9 @@ def build(
 @click.option(
     "--ctx", default=512, show_default=True, type=click.IntRange(min=4), help="Tokens per chunk."
 )
-@click.option("--chunks", default=None, type=int, help="At most this many chunks.")
+@click.option(
+    "--chunks", default=None, type=click.IntRange(min=1), help="At most this many chunks."
+)
 @click.option("--kv", default="float", type=KV_CHOICE, show_default=True)
 @click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
 @kernels_option
@@ -143,7 +145,13 @@ def eval_command(
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), help="Shapes of this .epk.")
 @kernels_option
 @threads_option
-@click.option("--repeats", default=5, show_default=True, help="Timed calls per entry (best of).")
+@click.option(
+    "--repeats",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed calls per entry (best of).",
+)
 def profile_device(
     out: str, model: str | None, kernels: str, threads: int | None, repeats: int
 ) -> None:

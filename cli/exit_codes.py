@@ -41,7 +41,7 @@ def _table() -> dict[type[BaseException], int]:
         IncompatiblePackageError,
         SignatureError,
     )
-    from edgepack.packager.errors import BuildInputError, ImportModelError
+    from edgepack.packager.errors import ImportModelError, InputError
     from edgepack.server.errors import (
         ExpiredMetadataError,
         InvalidStoreURLError,
@@ -63,7 +63,7 @@ def _table() -> dict[type[BaseException], int]:
         EncodingError: EXIT_USAGE,
         # packager
         ImportModelError: EXIT_CORRUPT,
-        BuildInputError: EXIT_USAGE,
+        InputError: EXIT_USAGE,
         # server: stores and release repositories
         StoreError: EXIT_FAILED,
         InvalidStoreURLError: EXIT_USAGE,

@@ -35,9 +35,23 @@ def _log_to_stderr(verbose: bool) -> None:
     "--chat", is_flag=True, help="Wrap the prompt as a user message of the chat template."
 )
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", default=0, show_default=True, help="0 disables.")
-@click.option("--top-p", default=1.0, show_default=True, help="1 disables.")
+@click.option(
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="0 is greedy.",
+)
+@click.option(
+    "--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 disables."
+)
+@click.option(
+    "--top-p",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="1 disables.",
+)
 @click.option("--seed", default=None, type=int, help="Sampling seed.")
 @threads_option
 @click.option("--kv", default="int8", type=KV_CHOICE, show_default=True, help="KV cache storage.")

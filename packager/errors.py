@@ -5,9 +5,10 @@ exit codes in its one table (:mod:`edgepack.cli.exit_codes`):
 
 * :class:`ImportModelError` - the source model's bytes cannot be read or understood
   (corrupt or unsupported): get another file.
-* :class:`BuildInputError` and its subclasses - something the caller chose is unusable
-  (a recipe, a calibration file, a latency table, a budget, a source of the wrong kind):
-  change the argument. Every message names the input and what to change.
+* :class:`InputError` and its subclasses - something the caller chose is unusable
+  (a recipe, a calibration file, a latency table, a budget, a source of the wrong kind,
+  an evaluation text too short): change the argument. Each message names the input and
+  what to change.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 from edgepack.format.errors import EdgepackError
 
 __all__ = [
-    "BuildInputError",
     "CalibrationError",
     "ImportModelError",
+    "InputError",
     "LatencyTableError",
     "QuantizedSourceError",
     "RecipeError",
@@ -29,26 +30,26 @@ class ImportModelError(EdgepackError):
     """A source model (safetensors, GGUF, HF directory) cannot be read or understood."""
 
 
-class BuildInputError(EdgepackError):
+class InputError(EdgepackError):
     """An input the caller chose cannot be used as given (a usage error)."""
 
 
-class RecipeError(BuildInputError):
+class RecipeError(InputError):
     """The recipe is malformed or asks for something impossible."""
 
 
-class CalibrationError(BuildInputError):
+class CalibrationError(InputError):
     """The calibration text cannot be used: a malformed JSONL line, no documents, or a
     source model without the tokenizer calibration needs."""
 
 
-class LatencyTableError(BuildInputError):
+class LatencyTableError(InputError):
     """The latency LUT file is unreadable or not one `edgepack profile-device` wrote."""
 
 
-class QuantizedSourceError(BuildInputError):
+class QuantizedSourceError(InputError):
     """``build`` was given an already quantized package; it needs a float model."""
 
 
-class SearchError(BuildInputError):
+class SearchError(InputError):
     """No assignment meets the budgets (the message says the smallest possible)."""

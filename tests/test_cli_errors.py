@@ -143,3 +143,15 @@ def test_search_error_is_an_edgepack_error_not_a_value_error() -> None:
     from edgepack.packager.search import SearchError
 
     assert issubclass(SearchError, EdgepackError) and not issubclass(SearchError, ValueError)
+
+
+def test_eval_text_shorter_than_a_chunk_is_a_usage_error(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "short.txt"
+    text.write_text("a few words only")
+    args = ["eval", str(models["quantized"]), "--text", str(text), "--kernels", "numpy"]
+    err = _usage_error(capsys, args)
+    assert "fewer than one chunk of 512" in err and "smaller ctx" in err
+    capsys.readouterr()
+    assert main([*args, "--ctx", "2"]) == EXIT_USAGE  # click's range check
