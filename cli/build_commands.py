@@ -146,11 +146,7 @@ def eval_command(
 @kernels_option
 @threads_option
 @click.option(
-    "--repeats",
-    default=5,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Timed calls per entry (best of).",
+    "--repeats", default=5, show_default=True, type=click.IntRange(1), help="Best-of timed calls."
 )
 def profile_device(
     out: str, model: str | None, kernels: str, threads: int | None, repeats: int
@@ -158,14 +154,9 @@ def profile_device(
     """Microbenchmark the runtime's kernels per (shape, encoding) into a latency LUT."""
     from edgepack.packager.profile_device import profile
 
+    kern = kernels_or_none(kernels)
     with progress_bars() as bar:
-        table = profile(
-            model=model,
-            kernels=kernels_or_none(kernels),
-            threads=threads,
-            repeats=repeats,
-            progress=bar,
-        )
+        table = profile(model=model, kernels=kern, threads=threads, repeats=repeats, progress=bar)
     table.save(out)
     click.echo(
         f"wrote {out}: {len(table.entries)} entries ({table.kernels}, {table.threads} threads)"

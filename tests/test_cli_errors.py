@@ -51,29 +51,48 @@ def _usage_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
     return err
 
 
+BAD_CALIBRATION = [
+    ("{nope\n", "line 1: not JSON"),
+    ('{"text": "fine"}\n[1, 2]\n', "line 2: expected an object or a string"),
+    ('{"n": 1}\n', "line 1: no text field"),
+    ("\n\n", "no documents"),
+]
+BAD_LUT = [
+    ("not json", "cannot read latency table"),
+    ('{"format": "other"}', "is not an edgepack latency table"),
+    ("[1, 2]", "is not an edgepack latency table"),
+    ('{"format": "edgepack-latency-lut/1", "entries": [1]}', "is malformed"),
+    ('{"format": "edgepack-latency-lut/1", "entries": {"64x64 int8": "x"}}', "is malformed"),
+]
+# input file name, the build arguments that use it, what every message tells the user to do
+INPUTS = {
+    "calib.jsonl": (["--calib"], '"text"'),
+    "lut.json": (["--target-bpw", "12", "--latency-budget", "1000", "--lut"], "profile-device"),
+}
+
+
 @pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        ("{nope\n", "line 1: not JSON"),
-        ('{"text": "fine"}\n[1, 2]\n', "line 2: expected an object or a string"),
-        ('{"n": 1}\n', "line 1: no text field"),
-        ("\n\n", "no documents"),
-    ],
+    ("name", "content", "expected"),
+    [("calib.jsonl", *case) for case in BAD_CALIBRATION] + [("lut.json", *c) for c in BAD_LUT],
 )
-def test_bad_calibration_jsonl_is_a_usage_error(
+def test_bad_input_file_is_a_usage_error(
     models: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    name: str,
     content: str,
     expected: str,
 ) -> None:
-    calib = tmp_path / "calib.jsonl"
-    calib.write_text(content)
+    """A bad calibration JSONL or latency LUT: exit 2, one line naming the file, the
+    fault and the fix, before any work (nothing written)."""
+    bad = tmp_path / name
+    bad.write_text(content)
+    flags, fix = INPUTS[name]
     out = tmp_path / "m.epk"
     args = ["build", str(models["gguf"]), "-o", str(out), "--recipe", str(models["recipe"])]
-    err = _usage_error(capsys, [*args, "--calib", str(calib)])
-    assert "calib.jsonl" in err and expected in err and '"text"' in err  # says what to do
-    assert not out.exists()
+    err = _usage_error(capsys, [*args, *flags, str(bad)])
+    assert name in err and expected in err and fix in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
 def test_quantized_source_is_a_usage_error(
@@ -82,33 +101,6 @@ def test_quantized_source_is_a_usage_error(
     out = tmp_path / "m.epk"
     err = _usage_error(capsys, ["build", str(models["quantized"]), "-o", str(out)])
     assert "tiny-int8.epk is already quantized" in err and "float source" in err
-    assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        ("not json", "cannot read latency table"),
-        ('{"format": "other"}', "is not an edgepack latency table"),
-        ("[1, 2]", "is not an edgepack latency table"),
-        ('{"format": "edgepack-latency-lut/1", "entries": [1]}', "is malformed"),
-        ('{"format": "edgepack-latency-lut/1", "entries": {"64x64 int8": "x"}}', "is malformed"),
-    ],
-)
-def test_bad_latency_table_is_a_usage_error(
-    models: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    content: str,
-    expected: str,
-) -> None:
-    lut = tmp_path / "lut.json"
-    lut.write_text(content)
-    out = tmp_path / "m.epk"
-    args = ["build", str(models["gguf"]), "-o", str(out), "--recipe", str(models["recipe"])]
-    args += ["--target-bpw", "12", "--lut", str(lut), "--latency-budget", "1000"]
-    err = _usage_error(capsys, args)
-    assert "lut.json" in err and expected in err and "edgepack profile-device" in err
     assert not out.exists()
 
 
