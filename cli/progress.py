@@ -20,8 +20,14 @@ class ProgressBars:
     """One rich task per phase; finishing a phase fills its bar. The display starts with
     the first phase, so a command that fails before any work prints only its error."""
 
-    def __init__(self, make_progress: Callable[[], Any] | None, description: str = "") -> None:
+    def __init__(
+        self,
+        make_progress: Callable[[], Any] | None,
+        description: str = "",
+        console: Any = None,
+    ) -> None:
         self._make = make_progress
+        self._console = console
         self._p: Any = None
         self._name = description
         self._task = None
@@ -45,8 +51,8 @@ class ProgressBars:
             self._p.update(self._task, advance=amount, description=desc)
 
     def log(self, message: str) -> None:
-        if self._p is not None:
-            self._p.console.print(message)
+        if self._console is not None:
+            self._console.print(message)  # above the bars once they are shown
 
     def finish(self) -> None:
         if self._p is not None and self._task is not None:
@@ -89,7 +95,9 @@ def progress_bars(description: str = "", counting: Counting = "steps") -> Iterat
     console = Console(stderr=True)
     transient = counting == "bytes" and console.is_terminal
     bars = ProgressBars(
-        lambda: Progress(*_columns(counting), console=console, transient=transient), description
+        lambda: Progress(*_columns(counting), console=console, transient=transient),
+        description,
+        console,
     )
     try:
         yield bars
