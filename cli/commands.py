@@ -1,4 +1,7 @@
-"""Click commands. Each imports its subsystem lazily so `edgepack --help` stays fast."""
+"""`edgepack keygen`, `convert`, `inspect`, `verify` and `fetch-sample`: single packages.
+
+Each command imports its subsystem lazily so `edgepack --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,18 @@ from pathlib import Path
 
 import click
 
-from edgepack.format.errors import EXIT_OK
+from .exit_codes import EXIT_OK
+from .options import (
+    json_option,
+    output_option,
+    sign_key_option,
+    threshold_option,
+    trusted_key_option,
+)
+from .progress import progress_bars
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="edgepack")
-def cli() -> None:
-    """edgepack: package, version and deliver on-device LLMs."""
-
-
-@cli.command()
+@click.command()
 @click.argument("name", type=click.Path(dir_okay=False))
 def keygen(name: str) -> None:
     """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
@@ -27,16 +32,9 @@ def keygen(name: str) -> None:
     click.echo(f"wrote {key_path} and {pub_path} (key id {kid[:16]})")
 
 
-@cli.command()
+@click.command()
 @click.argument("src", type=click.Path(exists=True))
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Package to write (.epk).",
-)
+@output_option("Package to write (.epk).")
 @click.option(
     "--encoding",
     default="f32",
@@ -49,13 +47,7 @@ def keygen(name: str) -> None:
     default=None,
     help="Encoding of the token embedding / output head (default: int8 with int4).",
 )
-@click.option(
-    "--sign-key",
-    "sign_keys",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Ed25519 private key (NAME.key); repeat for several signatures.",
-)
+@sign_key_option("the package")
 @click.option(
     "--min-runtime-version",
     default=None,
@@ -81,8 +73,6 @@ def convert(
     from edgepack.packager.convert import convert as run_convert
     from edgepack.packager.encode import parse_encoding
 
-    from .progress import byte_progress
-
     for label, value in (("--encoding", encoding), ("--embedding-encoding", embedding_encoding)):
         if value is not None:
             try:
@@ -99,7 +89,7 @@ def convert(
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=label) from None
     keys = [load_private_key(k) for k in sign_keys]
-    with byte_progress("converting", unit="weights") as bar:
+    with progress_bars("converting", counting="bytes") as bar:
         result = run_convert(
             src,
             out,
@@ -119,9 +109,9 @@ def convert(
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
+@json_option("the whole header")
 def inspect(package: str, as_json: bool) -> None:
     """Show versions, identity, sections and a tensor table summary."""
     from edgepack.format import Package
@@ -135,32 +125,19 @@ def inspect(package: str, as_json: bool) -> None:
             click.echo(describe_header(pkg))
 
 
-@cli.command()
+@click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Public key (NAME.pub) to accept signatures from; repeatable.",
-)
-@click.option(
-    "--threshold",
-    default=1,
-    show_default=True,
-    help="Signatures from distinct trusted keys required.",
-)
+@trusted_key_option("Public key (NAME.pub) to accept signatures from; repeatable.")
+@threshold_option
 def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
     """Check structure, every hash, the signature and compatibility with this runtime."""
     from edgepack.format import IncompatiblePackageError, Package, load_public_key
     from edgepack.runtime_shim import runtime_capabilities
 
-    from .progress import byte_progress
-
     keys = [load_public_key(k) for k in trusted_keys] or None
     with Package.open(package) as pkg:
         total = sum(t.nbytes for t in pkg.header.tensors)
-        with byte_progress("verifying", unit="bytes") as bar:
+        with progress_bars("verifying", counting="bytes") as bar:
             bar.start(total)
             report = pkg.verify(keys, threshold=threshold, progress=lambda n: bar.advance(n))
         verdict = pkg.check_compatibility(runtime_capabilities())
@@ -180,7 +157,7 @@ def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
     return EXIT_OK
 
 
-@cli.command("fetch-sample")
+@click.command("fetch-sample")
 @click.argument("name", type=click.Choice(["smollm2", "minilm"]))
 @click.option(
     "--cache",
@@ -197,10 +174,5 @@ def fetch_sample(name: str, cache: str | None) -> None:
     click.echo(str(fetch(cache_dir)))
 
 
-# Command groups living in their own modules register themselves on `cli`.
-from . import (  # noqa: E402,F401
-    build_commands,
-    delta_commands,
-    release_commands,
-    run_commands,
-)
+
+COMMANDS = [keygen, convert, inspect, verify, fetch_sample]

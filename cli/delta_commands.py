@@ -12,29 +12,15 @@ from pathlib import Path
 
 import click
 
-from edgepack.format.errors import EXIT_OK
+from .exit_codes import EXIT_OK
+from .options import output_option, sign_key_option, threshold_option, trusted_key_option
 
-from .commands import cli
 
-
-@cli.command()
+@click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Delta to write (.epkd).",
-)
-@click.option(
-    "--sign-key",
-    "sign_keys",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Ed25519 private key (NAME.key) to sign the delta with; repeatable.",
-)
+@output_option("Delta to write (.epkd).")
+@sign_key_option("the delta")
 @click.option(
     "--level",
     default=19,
@@ -65,30 +51,12 @@ def diff(
     return EXIT_OK
 
 
-@cli.command()
+@click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("delta", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Package to write.",
-)
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Public key (NAME.pub) the delta must be signed by; repeatable.",
-)
-@click.option(
-    "--threshold",
-    default=1,
-    show_default=True,
-    help="Signatures from distinct trusted keys required.",
-)
+@output_option("Package to write.")
+@trusted_key_option("Public key (NAME.pub) the delta must be signed by; repeatable.")
+@threshold_option
 def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
     """Apply DELTA to package OLD, writing the verified result atomically to -o."""
     from edgepack.format import load_public_key
@@ -108,3 +76,6 @@ def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], thresho
         f"wrote {out}: {report.target_size:,} bytes, verified (SHA-256) in {seconds:.1f} s; {sig}"
     )
     return EXIT_OK
+
+
+COMMANDS = [diff, patch]

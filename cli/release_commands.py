@@ -1,5 +1,5 @@
 """Release commands: ``repo init|rotate-key|refresh|verify``, ``publish``, ``releases``,
-``promote``. Registered on the main group by importing this module from commands.py.
+``promote``.
 
 Keys live in ``--keys-dir`` (default ``./edgepack-keys``, or ``$EDGEPACK_KEYS_DIR``),
 never in the store. ``--store`` may come from ``$EDGEPACK_STORE``; S3 endpoints and
@@ -15,9 +15,8 @@ from typing import Any
 
 import click
 
-from edgepack.format.errors import EXIT_CORRUPT, EXIT_OK
-
-from .commands import cli
+from .exit_codes import EXIT_CORRUPT, EXIT_OK
+from .options import json_option, trusted_key_option
 
 _store_option = click.option(
     "--store",
@@ -113,7 +112,7 @@ def _versions(v: Any) -> str:
 # ============================================================================ repo
 
 
-@cli.group()
+@click.group()
 def repo() -> None:
     """Create and maintain a release repository (TUF metadata and keys)."""
 
@@ -280,7 +279,7 @@ def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: b
 # ===================================================================== publish etc.
 
 
-@cli.command()
+@click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @_store_option
 @click.option("--channel", required=True, help="Channel to publish on (e.g. beta, stable).")
@@ -301,13 +300,7 @@ def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: b
 @click.option(
     "--model", default=None, help="Model name in the repository (default: the package's own)."
 )
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Also require a signature by this public key (NAME.pub); repeatable.",
-)
+@trusted_key_option("Also require a signature by this public key (NAME.pub); repeatable.")
 @_endpoint_option
 @_keys_option
 @_verbose_option
@@ -343,7 +336,7 @@ def publish(
     return EXIT_OK
 
 
-@cli.command()
+@click.command()
 @click.argument("version")
 @click.option("--channel", required=True, help="Channel to promote to (or whose rollout to set).")
 @click.option(
@@ -387,10 +380,10 @@ def promote(
     return EXIT_OK
 
 
-@cli.command()
+@click.command()
 @_store_option
 @_endpoint_option
-@click.option("--json", "as_json", is_flag=True, help="Print releases and metadata as JSON.")
+@json_option("releases and metadata")
 @click.option("--model", default=None, help="Only this model.")
 @click.option("--channel", default=None, help="Only this channel.")
 def releases(
@@ -477,3 +470,6 @@ def releases(
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return EXIT_OK
+
+
+COMMANDS = [repo, publish, promote, releases]

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import click
 
-from .commands import cli
-
-_KV = click.Choice(["int8", "float"])
-_ACT = click.Choice(["auto", "int8", "float"])
-_KERNELS = click.Choice(["auto", "numpy", "native"])
+from .options import (
+    ACTIVATIONS_CHOICE,
+    KV_CHOICE,
+    kernels_option,
+    kernels_or_none,
+    threads_option,
+    trusted_key_option,
+)
 
 
 def _log_to_stderr(verbose: bool) -> None:
@@ -24,7 +27,7 @@ def _log_to_stderr(verbose: bool) -> None:
     logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it
 
 
-@cli.command()
+@click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
 @click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate.")
@@ -32,21 +35,29 @@ def _log_to_stderr(verbose: bool) -> None:
     "--chat", is_flag=True, help="Wrap the prompt as a user message of the chat template."
 )
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", default=0, show_default=True, help="0 disables.")
-@click.option("--top-p", default=1.0, show_default=True, help="1 disables.")
-@click.option("--seed", default=None, type=int, help="Sampling seed.")
-@click.option("--threads", default=None, type=int, help="Kernel threads (default: all CPUs).")
-@click.option("--kv", default="int8", type=_KV, show_default=True, help="KV cache storage.")
-@click.option("--activations", default="auto", type=_ACT, show_default=True)
-@click.option("--kernels", default="auto", type=_KERNELS, show_default=True)
 @click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Require a signature by this public key (NAME.pub); repeatable.",
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="0 is greedy.",
 )
+@click.option(
+    "--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 disables."
+)
+@click.option(
+    "--top-p",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="1 disables.",
+)
+@click.option("--seed", default=None, type=int, help="Sampling seed.")
+@threads_option
+@click.option("--kv", default="int8", type=KV_CHOICE, show_default=True, help="KV cache storage.")
+@click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
+@kernels_option
+@trusted_key_option("Require a signature by this public key (NAME.pub); repeatable.")
 @click.option(
     "--verify",
     default="signature",
@@ -85,7 +96,7 @@ def run(
         trusted_keys=list(trusted_keys) or None,
         threads=threads,
         kv=kv,
-        kernels=None if kernels == "auto" else kernels,
+        kernels=kernels_or_none(kernels),
         verify=verify,
         activations=activations,
     )
@@ -117,7 +128,7 @@ def run(
         )
 
 
-@cli.command()
+@click.command()
 @click.argument("package_a", type=click.Path(exists=True, dir_okay=False))
 @click.argument("package_b", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -128,10 +139,10 @@ def run(
     help="UTF-8 text to run both packages on.",
 )
 @click.option("--max-tokens", default=256, show_default=True, help="Tokens of the text used.")
-@click.option("--kv-a", default="float", type=_KV, show_default=True)
-@click.option("--kv-b", default="float", type=_KV, show_default=True)
-@click.option("--activations-a", default="float", type=_ACT, show_default=True)
-@click.option("--activations-b", default="float", type=_ACT, show_default=True)
+@click.option("--kv-a", default="float", type=KV_CHOICE, show_default=True)
+@click.option("--kv-b", default="float", type=KV_CHOICE, show_default=True)
+@click.option("--activations-a", default="float", type=ACTIVATIONS_CHOICE, show_default=True)
+@click.option("--activations-b", default="float", type=ACTIVATIONS_CHOICE, show_default=True)
 @click.option(
     "--device",
     is_flag=True,
@@ -142,8 +153,8 @@ def run(
     is_flag=True,
     help="Feed every layer of B the reference input from A (per-layer error, no accumulation).",
 )
-@click.option("--kernels", default="auto", type=_KERNELS, show_default=True)
-@click.option("--threads", default=None, type=int)
+@kernels_option
+@threads_option
 def compare(
     package_a: str,
     package_b: str,
@@ -177,7 +188,7 @@ def compare(
         kv_b=kv_b,
         activations_a=activations_a,
         activations_b=activations_b,
-        kernels=None if kernels == "auto" else kernels,
+        kernels=kernels_or_none(kernels),
         threads=threads,
         isolated=isolated,
     )
@@ -185,3 +196,6 @@ def compare(
     click.echo(f"B = {package_b} (kv {kv_b}, activations {activations_b})")
     click.echo(f"mode: {'isolated per layer' if isolated else 'end to end'}")
     click.echo(report.format())
+
+
+COMMANDS = [run, compare]

@@ -52,6 +52,7 @@ from edgepack.runtime_shim import runtime_version
 from .calibration import CalibrationStats, calibration_texts, collect_statistics, make_samples
 from .convert import required_operators
 from .encode import EncodedTensor, EncodingChoice, encode_tensor, parse_encoding
+from .errors import CalibrationError, QuantizedSourceError
 from .factorize import add_low_rank_options, factor_names, factorize
 from .quantizers import gptq_quantize, output_error, rtn_quantize
 from .quantizers.awq import Transforms, awq_scales, scale_sites
@@ -280,7 +281,10 @@ def _open_float(src: Path) -> _FloatModel:
         pkg = Package.open(src)
         try:
             if any(not t.encoding.is_float for t in pkg.header.tensors):
-                raise ValueError(f"{src.name} is quantized: build needs a float model")
+                raise QuantizedSourceError(
+                    f"{src.name} is already quantized: build from the float source model "
+                    "(safetensors, HF directory, GGUF or an f32/f16/bf16 package)"
+                )
             h = pkg.header
             tok = pkg.section(SectionKind.TOKENIZER)
             chat = pkg.section(SectionKind.CHAT_TEMPLATE)
@@ -337,7 +341,10 @@ def _calibrate(
     from edgepack.runtime_shim import Tokenizer
 
     if fm.tokenizer_json is None:
-        raise ValueError("calibration needs the model's tokenizer (the source has none)")
+        raise CalibrationError(
+            "calibration needs the model's tokenizer and the source has none: build from a "
+            "source with one (an HF directory with tokenizer.json, or a GGUF file)"
+        )
     spec = recipe.calibration
     path = calib_file or spec.file
     tok = Tokenizer.from_json(fm.tokenizer_json)

@@ -33,6 +33,8 @@ import numpy as np
 from edgepack.runtime_shim import Model
 from edgepack.runtime_shim.instrument import observe_matmuls, open_float_reference
 
+from .errors import CalibrationError
+
 __all__ = [
     "CalibrationStats",
     "InputCapture",
@@ -57,14 +59,27 @@ def default_calibration_text() -> str:
     return "\n\n".join(topics.topics[k] for k in keys[:40])
 
 
+_JSONL_FIX = 'make every line a JSON object with a "text" string, or a JSON string'
+_CALIB_FIX = "give a UTF-8 text file, or a .jsonl file of documents"
+
+
 def calibration_texts(path: str | Path | None) -> list[str]:
     """Documents of a calibration file: a ``.jsonl`` file gives one per line (its ``text``
-    field, or the first string field), anything else is one document. None: the default."""
+    field, or the first string field), anything else is one document. None: the default.
+
+    A file the caller gave that cannot be used raises :class:`CalibrationError` naming
+    the file, the line and the fix (the CLI's usage exit)."""
     if path is None:
         return [default_calibration_text()]
     p = Path(path)
-    raw = p.read_text(encoding="utf-8")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"{p.name} is not UTF-8 text ({exc.reason}): {_CALIB_FIX}"
+        raise CalibrationError(msg) from None
     if p.suffix.lower() not in (".jsonl", ".ndjson"):
+        if not raw.strip():
+            raise CalibrationError(f"{p.name} is empty: {_CALIB_FIX}")
         return [raw]
     docs = []
     for n, line in enumerate(raw.splitlines(), 1):
@@ -73,7 +88,8 @@ def calibration_texts(path: str | Path | None) -> list[str]:
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            raise ValueError(f"{p.name} line {n}: not JSON ({exc})") from None
+            msg = f"{p.name} line {n}: not JSON ({exc}): {_JSONL_FIX}"
+            raise CalibrationError(msg) from None
         if isinstance(obj, str):
             docs.append(obj)
         elif isinstance(obj, dict):
@@ -81,12 +97,13 @@ def calibration_texts(path: str | Path | None) -> list[str]:
             if not isinstance(text, str):
                 text = next((v for v in obj.values() if isinstance(v, str)), None)
             if text is None:
-                raise ValueError(f"{p.name} line {n}: no text field")
+                raise CalibrationError(f"{p.name} line {n}: no text field: {_JSONL_FIX}")
             docs.append(text)
         else:
-            raise ValueError(f"{p.name} line {n}: expected an object or a string")
+            msg = f"{p.name} line {n}: expected an object or a string: {_JSONL_FIX}"
+            raise CalibrationError(msg)
     if not docs:
-        raise ValueError(f"{p.name}: no documents")
+        raise CalibrationError(f"{p.name}: no documents: {_JSONL_FIX}")
     return docs
 
 

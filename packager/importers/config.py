@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from edgepack.format.errors import ImportModelError
+from ..errors import ImportModelError
 
 __all__ = ["gguf_source_config", "llama_config_from_gguf", "llama_config_from_hf"]
 

@@ -17,8 +17,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from edgepack.format.errors import ImportModelError
-
+from ..errors import ImportModelError
 from .config import gguf_source_config, llama_config_from_gguf
 from .gguf_tokenizer import tokenizer_json_from_gguf
 from .names import canonical_from_gguf, canonical_sort_key, unpermute_qk

@@ -24,7 +24,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from edgepack.format.errors import ImportModelError
+from ..errors import ImportModelError
 
 __all__ = ["PRE_TOKENIZERS", "tokenizer_json_from_gguf"]
 

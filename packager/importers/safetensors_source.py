@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from edgepack.format.errors import ImportModelError
-
+from ..errors import ImportModelError
 from .config import llama_config_from_hf
 from .names import LLAMA_FAMILY, canonical_from_hf, canonical_sort_key
 from .source import SourceModel, SourceTensor, sha256_of_files

@@ -27,6 +27,12 @@ from pkgfactory import (
     replace_header,
 )
 
+from edgepack.cli.exit_codes import (
+    EXIT_CORRUPT,
+    EXIT_INCOMPATIBLE,
+    EXIT_SIGNATURE,
+    exit_code_for,
+)
 from edgepack.format import (
     CorruptPackageError,
     EdgepackError,
@@ -45,7 +51,6 @@ from edgepack.format import (
     UnsupportedFeatureError,
     check_compatibility,
 )
-from edgepack.format.errors import EXIT_CORRUPT, EXIT_INCOMPATIBLE, EXIT_SIGNATURE
 
 SIGNED_CONTEXT = b"edgepack/v1/signature\x00"  # spec section 7
 Writer = Callable[[bytes], Path]  # writes bytes to a scratch .epk, returns its path
@@ -111,7 +116,7 @@ def set_u16(data: bytes, pos: int, value: int) -> bytes:
 def test_bad_magic(raw: bytes, write: Writer) -> None:
     with pytest.raises(CorruptPackageError, match="bad magic") as err:
         Package.open(write(b"GGUF" + raw[4:]))
-    assert err.value.exit_code == EXIT_CORRUPT
+    assert exit_code_for(err.value) == EXIT_CORRUPT
 
 
 def test_text_mode_mangled_magic(raw: bytes, write: Writer) -> None:
@@ -123,7 +128,7 @@ def test_text_mode_mangled_magic(raw: bytes, write: Writer) -> None:
 def test_newer_format_major_is_incompatible(raw: bytes, write: Writer) -> None:
     with pytest.raises(IncompatiblePackageError, match=r"format version 2.*update the app") as err:
         Package.open(write(set_u16(raw, 8, 2)))
-    assert err.value.exit_code == EXIT_INCOMPATIBLE
+    assert exit_code_for(err.value) == EXIT_INCOMPATIBLE
 
 
 def test_newer_format_minor_is_readable(built: BuiltPackage, raw: bytes, write: Writer) -> None:
@@ -262,7 +267,7 @@ def test_unknown_encoding(raw: bytes, header: Header, built: BuiltPackage, write
         UnsupportedFeatureError, match=re.escape(f"'{t.name}' uses encoding 99")
     ) as err:
         Package.open(write(forged(raw, h, built)))
-    assert "update edgepack" in str(err.value) and err.value.exit_code == EXIT_CORRUPT
+    assert "update edgepack" in str(err.value) and exit_code_for(err.value) == EXIT_CORRUPT
 
 
 @pytest.mark.parametrize("group", [0, 12, 4104])
@@ -494,7 +499,7 @@ def test_signed_by_another_key(tmp_path: Path) -> None:
     with Package.open(other.path) as pkg:
         with pytest.raises(SignatureError, match="not by a trusted key") as err:
             pkg.verify(trusted_keys=[make_key(0).public_key()])
-        assert err.value.exit_code == EXIT_SIGNATURE
+        assert exit_code_for(err.value) == EXIT_SIGNATURE
         assert pkg.verify(trusted_keys=[make_key(0).public_key(), other.public_key]).signed
 
 
@@ -553,7 +558,7 @@ def test_runtime_too_old(tmp_path: Path) -> None:
     assert "update the app" in problem.remedy
     with pytest.raises(IncompatiblePackageError, match=re.escape("runtime >= 2.1.0")) as err:
         Package.open(pkg_built.path, capabilities=caps("2.0.9"))
-    assert err.value.verdict == verdict and err.value.exit_code == EXIT_INCOMPATIBLE
+    assert err.value.verdict == verdict and exit_code_for(err.value) == EXIT_INCOMPATIBLE
     Package.open(pkg_built.path, capabilities=caps("2.1.0")).close()
     assert not check_compatibility(pkg.header, caps("2.1.0-rc.1"))  # pre-release is older
 

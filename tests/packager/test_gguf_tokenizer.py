@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from edgepack.format.errors import ImportModelError
+from edgepack.packager.errors import ImportModelError
 from edgepack.packager.importers import open_source
 from edgepack.packager.importers.gguf_source import read_gguf_metadata
 from edgepack.packager.importers.gguf_tokenizer import tokenizer_json_from_gguf

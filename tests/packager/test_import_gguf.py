@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from edgepack.format.errors import ImportModelError
+from edgepack.packager.errors import ImportModelError
 from edgepack.packager.importers import open_source
 from edgepack.packager.importers.names import (
     canonical_from_gguf,

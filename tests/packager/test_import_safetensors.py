@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from edgepack.format.errors import ImportModelError
+from edgepack.packager.errors import ImportModelError
 from edgepack.packager.importers import open_source
 from edgepack.packager.importers.names import canonical_from_hf
 from edgepack.packager.importers.synthetic import TinyLlamaSpec, write_hf_llama, write_safetensors

@@ -18,6 +18,7 @@ from edgepack.packager.calibration import (
     make_samples,
     site_of,
 )
+from edgepack.packager.errors import CalibrationError
 from edgepack.packager.evaluate import evaluate
 from edgepack.packager.importers.synthetic import (
     TinyLlamaSpec,
@@ -83,7 +84,7 @@ def test_calibration_texts_jsonl(tmp_path: Path) -> None:
     assert calibration_texts(tmp_path / "c.txt") == ["whole file"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{nope\n")
-    with pytest.raises(ValueError, match="line 1"):
+    with pytest.raises(CalibrationError, match="line 1"):
         calibration_texts(bad)
 
 

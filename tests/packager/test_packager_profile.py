@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgepack.packager.encode import parse_encoding
+from edgepack.packager.errors import LatencyTableError
 from edgepack.packager.profile_device import LatencyTable, predict_package_ms, profile
 
 
@@ -29,19 +30,19 @@ def test_profile_small_grid_round_trip(tmp_path: Path) -> None:
     assert back.matmul_ms(64, 64, "int8") == table.entries["64x64 int8"]
     assert back.matmul_ms(256, 256, "int4-g32") > 0
     assert back.predict((64, 128), parse_encoding("int3-g32")) == table.entries["64x128 int3-g32"]
-    with pytest.raises(KeyError):
+    with pytest.raises(LatencyTableError, match="no timings for int2-g32"):
         back.matmul_ms(64, 64, "int2-g32")
     # 8-bit group scales run the twin's kernels: its timings stand in unless profiled
     s8 = parse_encoding("int3-g32-s8")
     assert back.predict((64, 128), s8) == table.entries["64x128 int3-g32"]
-    with pytest.raises(KeyError):
+    with pytest.raises(LatencyTableError, match="no timings for int2-g32"):
         back.matmul_ms(64, 64, "int2-g32-s8")
 
 
 def test_bad_table(tmp_path: Path) -> None:
     p = tmp_path / "x.json"
     p.write_text('{"format": "other"}')
-    with pytest.raises(ValueError, match="not an edgepack latency table"):
+    with pytest.raises(LatencyTableError, match="not an edgepack latency table"):
         LatencyTable.load(p)
 
 

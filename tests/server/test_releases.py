@@ -27,13 +27,13 @@ from tuf.api.metadata import Metadata, Timestamp
 from tuf.ngclient import Updater
 
 from edgepack.cli import main as cli_main
+from edgepack.cli.exit_codes import EXIT_CORRUPT, EXIT_SIGNATURE, EXIT_USAGE, exit_code_for
 from edgepack.format import (
     CorruptPackageError,
     Package,
     RuntimeCapabilities,
     SignatureError,
 )
-from edgepack.format.errors import EXIT_CORRUPT, EXIT_SIGNATURE, EXIT_USAGE
 from edgepack.server.errors import (
     ConcurrentUpdateError,
     ExpiredMetadataError,
@@ -192,7 +192,7 @@ def test_init_creates_version_one_and_keeps_keys_out_of_the_store(
 def test_uninitialised_store(tmp_path: Path) -> None:
     with pytest.raises(RepositoryNotInitializedError) as info:
         ReleaseRepository(open_store(tmp_path / "empty")).load()
-    assert info.value.exit_code == EXIT_USAGE
+    assert exit_code_for(info.value) == EXIT_USAGE
 
 
 # ----------------------------------------------------------------------- publishing
@@ -268,7 +268,7 @@ def test_versions_on_a_channel_only_go_up(
     before = repo.load().versions()
     with pytest.raises(VersionNotIncreasingError) as info:
         repo.publish(pkgs["1.1.0"], "beta")
-    assert info.value.exit_code == EXIT_USAGE and info.value.latest == "1.1.0"
+    assert exit_code_for(info.value) == EXIT_USAGE and info.value.latest == "1.1.0"
     with pytest.raises(VersionNotIncreasingError):
         repo.publish(pkgs["1.0.0"], "beta")
     # refused before uploading anything
@@ -362,7 +362,7 @@ def test_expired_metadata_is_refused_until_refreshed(
     with pytest.raises(tuf_exc.ExpiredMetadataError) as info:
         updater(store, tmp_path / "c1").refresh()
     mapped = map_tuf_error(info.value)
-    assert isinstance(mapped, ExpiredMetadataError) and mapped.exit_code == EXIT_SIGNATURE
+    assert isinstance(mapped, ExpiredMetadataError) and exit_code_for(mapped) == EXIT_SIGNATURE
     repo = ReleaseRepository(store, keys)
     assert [role for role, _ in repo.expired(repo.load())] == ["timestamp"]
     repo.refresh()
@@ -410,7 +410,7 @@ def test_tampered_metadata_is_refused(
     store.put_bytes("metadata/1.root.json", evil.store.get_bytes("metadata/1.root.json")[0])
     with pytest.raises(MetadataSignatureError) as info:
         repo.load()
-    assert info.value.exit_code == EXIT_SIGNATURE
+    assert exit_code_for(info.value) == EXIT_SIGNATURE
 
 
 @pytest.mark.parametrize("role", ["targets", "snapshot", "timestamp", "root"])
@@ -498,7 +498,7 @@ def test_package_signature_policy(store: Store, keys: KeyRing, tmp_path: Path) -
     corrupt.write_bytes(bytes(raw))
     with pytest.raises(CorruptPackageError, match="hash mismatch") as info:
         repo.publish(corrupt, "beta")
-    assert info.value.exit_code == EXIT_CORRUPT
+    assert exit_code_for(info.value) == EXIT_CORRUPT
     assert len(repo.index()) == 1
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from s3server import MotoServer, s3_server  # noqa: F401
 
-from edgepack.format.errors import EXIT_USAGE
+from edgepack.cli.exit_codes import EXIT_USAGE, exit_code_for
 from edgepack.server.errors import (
     ConcurrentUpdateError,
     InvalidStoreURLError,
@@ -192,7 +192,7 @@ def test_open_store_urls(tmp_path: Path) -> None:
     for bad in ("s3://", "gs://bucket/x", "http://host/x", "file://remote/x", "s3://b/p?x=1"):
         with pytest.raises(InvalidStoreURLError) as info:
             open_store(bad)
-        assert info.value.exit_code == EXIT_USAGE
+        assert exit_code_for(info.value) == EXIT_USAGE
     with pytest.raises(InvalidStoreURLError):
         open_store(tmp_path / "missing", create=False)
 

@@ -1,0 +1,36 @@
+"""The `edgepack` click group, assembled from the command modules' ``COMMANDS`` lists.
+
+No command module imports the group: each lists its commands, and this is the one place
+that puts them together. A new command module is one line in :data:`COMMAND_MODULES`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import click
+
+__all__ = ["COMMAND_MODULES", "make_cli"]
+
+# Modules of this package defining a ``COMMANDS`` list, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "commands",
+    "build_commands",
+    "run_commands",
+    "delta_commands",
+    "release_commands",
+)
+
+
+def make_cli() -> click.Group:
+    """The `edgepack` group with every command of :data:`COMMAND_MODULES` added."""
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.version_option(package_name="edgepack")
+    def cli() -> None:
+        """edgepack: package, version and deliver on-device LLMs."""
+
+    for name in COMMAND_MODULES:
+        for command in import_module(f".{name}", __package__).COMMANDS:
+            cli.add_command(command)
+    return cli
