@@ -93,11 +93,7 @@ class PackageSizer:
         group_size: int = 0,
     ) -> TensorEntry:
         """Append one tensor. ``shape`` is the logical shape (default: ``codes.shape``)."""
-        self._require_open()
-        encoding = Encoding(encoding)
-        if encoding == Encoding.LOW_RANK:
-            raise ValueError("use add_low_rank for low-rank tensors")
-        self._claim_name(name)
+        encoding = self._begin_tensor(name, encoding)
         logical = tuple(int(d) for d in (codes.shape if shape is None else shape))
         layout = tensor_layout(encoding, logical, group_size)
         arrays: list[np.ndarray] = []
@@ -128,11 +124,7 @@ class PackageSizer:
         self, name: str, encoding: Encoding, shape: Sequence[int], group_size: int = 0
     ) -> TensorEntry:
         """Lay out a tensor from its metadata alone (sizing only: nothing is stored)."""
-        self._require_open()
-        encoding = Encoding(encoding)
-        if encoding == Encoding.LOW_RANK:
-            raise ValueError("use add_low_rank for low-rank tensors")
-        self._claim_name(name)
+        encoding = self._begin_tensor(name, encoding)
         return self._place_tensor(name, encoding, tuple(int(d) for d in shape), group_size, None)
 
     def _place_tensor(
@@ -224,6 +216,14 @@ class PackageSizer:
         """Put each (span, array, dtype) in place; returns their digest (here nothing is
         written and the digest is a placeholder of the same length)."""
         return DIGEST_PLACEHOLDER
+
+    def _begin_tensor(self, name: str, encoding: Encoding) -> Encoding:
+        self._require_open()
+        encoding = Encoding(encoding)
+        if encoding == Encoding.LOW_RANK:
+            raise ValueError("use add_low_rank for low-rank tensors")
+        self._claim_name(name)
+        return encoding
 
     def _require_open(self) -> None:
         if self._state is not _State.OPEN:

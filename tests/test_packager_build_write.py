@@ -7,26 +7,16 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from runtime_fixtures import convert_to
+from runtime_fixtures import convert_to, tiny_spec
 
 import edgepack.packager.build.pipeline as pipeline
 import edgepack.packager.build.source as source
 from edgepack.format import Package
 from edgepack.packager.build import BuildOutputError, build
-from edgepack.packager.importers.synthetic import (
-    TinyLlamaSpec,
-    tiny_llama_weights,
-    write_gguf_llama,
-)
+from edgepack.packager.importers.synthetic import tiny_llama_weights, write_gguf_llama
 from edgepack.packager.recipe import parse_recipe
 
-SPEC = TinyLlamaSpec(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    vocab_size=288,
-    tie_word_embeddings=True,
-)
+SPEC = tiny_spec(hidden_size=64, intermediate_size=128, tie_word_embeddings=True)
 KEY = Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32)
 
 

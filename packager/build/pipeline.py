@@ -42,7 +42,7 @@ from .result import BuildResult, Progress
 from .scale import scale_weights
 from .source import FloatModel, open_float, static_sections
 from .verify import plan_kl
-from .write import Sections, package_size, write_package
+from .write import PackageContent, package_size, write_package
 
 __all__ = ["BuildOutputError", "build"]
 
@@ -150,7 +150,7 @@ def _build(
     t_search = t_scale = t_quant = 0.0
     size = data_offset = 0
     plan: Plan | None = None
-    secs: Sections = []
+    content: PackageContent | None = None
     for attempt in range(_SIZE_ITERATIONS):
         t = time.perf_counter()
         progress.phase("search", 1)
@@ -179,11 +179,12 @@ def _build(
         secs = [*sections, _json_section(SectionKind.PRECISION_PLAN, doc, "plan")]
         if stats is not None:
             secs.append(_json_section(SectionKind.CALIBRATION_REPORT, calib_report, "calibration"))
-        size, data_offset = package_size(fm, m.sens, plan, encoded, secs, recipe, sign_keys)
+        content = PackageContent(fm, m.sens, plan, encoded, secs, recipe)
+        size, data_offset = package_size(content, sign_keys)
         if not target_size or size <= target_size:
             break
         budget -= size - target_size + 4096
-    assert plan is not None
+    assert plan is not None and content is not None
     phases["search"] = t_search
     if t_scale:
         phases["scale"] = t_scale
@@ -193,7 +194,7 @@ def _build(
 
     t = time.perf_counter()
     progress.phase("write", 1)
-    written = write_package(out, fm, m.sens, plan, encoded, secs, recipe, sign_keys, data_offset)
+    written = write_package(out, content, sign_keys, data_offset)
     assert written == size, f"{out}: wrote {written:,} bytes, laid out {size:,}"
     progress.advance(1, out.name)
     phases["write"] = time.perf_counter() - t
