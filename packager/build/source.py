@@ -8,6 +8,8 @@ the build touches do not stay in its resident set). Where it goes is a matter of
 in RAM (``/dev/shm``) when the machine has room for it twice over, so nothing goes
 through a disk; on disk next to the output only when the float model does not fit in
 memory (:func:`float_dir`). A float ``.epk`` source is used as it is (nothing written).
+The RAM file *is* the in-memory float reference: one float32 copy serves the runtime's
+mapping and the build's reads, where separate arrays would be a second one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ _RAM_HEADROOM = 2  # the float reference goes to RAM while RAM holds it this man
 class FloatModel:
     """The model as float32 tensors, read from the source; when calibration needs it, a
     float package the runtime opens once (float activations and KV cache, numpy kernels),
-    from whose mapping every tensor is then read."""
+    from which every tensor is then read (see the module docstring for where it lives)."""
 
     names: list[str]
     shapes: list[tuple[int, ...]]
