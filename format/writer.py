@@ -1,17 +1,25 @@
-"""Streaming package writer.
+"""Package writer: every span written once, in place.
 
-Tensors are appended to a spool file as they arrive, so memory holds one tensor at a
-time whatever the model size. ``finish`` writes preamble, header and data into a
-temporary file next to the target, optionally signs it, fsyncs and renames: the
-target path either keeps its old content or gets a complete package, never a torn one.
+:class:`PackageSizer` lays the package out from metadata (:mod:`.file_layout`) and
+answers its exact size without writing anything, so a caller with a size budget knows
+before writing. :class:`PackageWriter` is the same layout plus the bytes: each part goes
+straight to its final place in a temporary file next to the target (memory holds one
+tensor at a time, hashes are computed as the parts stream in); ``finish`` writes
+preamble and header in front, optionally signs, fsyncs and renames: the target path
+either keeps its old content or gets a complete package, never a torn one.
+
+The data region starts right after the header, whose length is known only once every
+entry is: a caller that knows it up front (``data_offset``, from a :class:`PackageSizer`
+of the same content) gets no copy at all; otherwise the writer guesses one page and, when
+the header outgrows it, moves the data region once at ``finish``.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,34 +27,29 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from .constants import (
-    DATA_REGION_ALIGNMENT,
-    PAGE_ALIGN_THRESHOLD,
-    PAGE_SIZE,
-    PREAMBLE_SIZE,
-    SPAN_ALIGNMENT,
-    Compression,
-    Encoding,
-    SectionKind,
-)
-from .header import (
-    Header,
-    ModelIdentity,
-    Provenance,
-    SectionEntry,
-    Span,
-    TensorEntry,
-    encode_header,
-)
+from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE, Compression, Encoding, SectionKind
+from .file_layout import DIGEST_PLACEHOLDER, FileLayout, signature_length
+from .header import ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
 from .layout import tensor_layout
 from .preamble import Preamble
 from .signing import build_signature_block
 from .validate import validate_header
 
-__all__ = ["PackageWriter"]
+__all__ = ["PackageSizer", "PackageWriter"]
 
 _COMPRESS_MIN = 1024
+_MOVE_CHUNK = 16 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=8)  # a build sizes, then writes, the same sections
+def _stored(data: bytes, compress: bool | None) -> tuple[bytes, Compression]:
+    """A section's bytes as stored: zstd-compressed when that makes them smaller."""
+    if compress or (compress is None and len(data) >= _COMPRESS_MIN):
+        packed = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(data)
+        if len(packed) < len(data):
+            return packed, Compression.ZSTD
+    return data, Compression.NONE
 
 
 class _State(enum.Enum):
@@ -55,20 +58,12 @@ class _State(enum.Enum):
     ABORTED = "aborted"
 
 
-def _align(value: int, alignment: int) -> int:
-    return (value + alignment - 1) // alignment * alignment
-
-
-class PackageWriter:
-    """Write a package tensor by tensor; use as a context manager.
-
-    >>> with PackageWriter("m.epk", ModelIdentity("m", "1.0.0", "llama")) as w:
-    ...     w.add_tensor("norm.weight", Encoding.F32, np.ones(4, np.float32))
-    """
+class PackageSizer:
+    """Lay a package out tensor by tensor, writing nothing: :meth:`file_size` is the exact
+    size :class:`PackageWriter` produces from the same calls (same order, same data)."""
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
         identity: ModelIdentity,
         *,
         min_runtime_version: str = "0.1.0",
@@ -79,29 +74,11 @@ class PackageWriter:
 
         parse_semver(min_runtime_version)  # ValueError early, not a broken file later
         parse_semver(identity.version)
-        self.path = Path(path)
-        self._identity = identity
-        self._min_runtime_version = min_runtime_version
-        self._required_operators = tuple(required_operators)
-        self._provenance = provenance or Provenance()
-        self._spool = tempfile.NamedTemporaryFile(
-            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".spool", delete=False
+        self._layout = FileLayout(
+            identity, min_runtime_version, tuple(required_operators), provenance or Provenance()
         )
-        self._position = 0  # next free byte in the data region, relative to its start
-        self._tensors: list[TensorEntry] = []
-        self._sections: list[SectionEntry] = []
         self._names: set[str] = set()
         self._state = _State.OPEN
-
-    # -- context manager ---------------------------------------------------
-    def __enter__(self) -> PackageWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-        elif self._state is _State.OPEN:
-            self.finish()
 
     # -- adding content ------------------------------------------------------
     def add_tensor(
@@ -116,15 +93,10 @@ class PackageWriter:
         group_size: int = 0,
     ) -> TensorEntry:
         """Append one tensor. ``shape`` is the logical shape (default: ``codes.shape``)."""
-        self._require_open()
-        encoding = Encoding(encoding)
-        if encoding == Encoding.LOW_RANK:
-            raise ValueError("use add_low_rank for low-rank tensors")
-        self._claim_name(name)
+        encoding = self._begin_tensor(name, encoding)
         logical = tuple(int(d) for d in (codes.shape if shape is None else shape))
         layout = tensor_layout(encoding, logical, group_size)
-        digest = hashlib.sha256()
-        spans = []
+        arrays: list[np.ndarray] = []
         for part_name, array, part in zip(
             ("codes", "scales", "zeros"),
             (codes, scales, zeros),
@@ -134,7 +106,6 @@ class PackageWriter:
             if part is None:
                 if array is not None:
                     raise ValueError(f"{name}: {encoding.name} has no {part_name}")
-                spans.append(Span())
                 continue
             if array is None:
                 raise ValueError(f"{name}: {encoding.name} needs {part_name}")
@@ -146,8 +117,31 @@ class PackageWriter:
                     f"{name}: {part_name} has {array.size} elements, layout needs "
                     f"{part.nbytes // part.dtype.itemsize}"
                 )
-            data = np.ascontiguousarray(array, dtype=part.dtype)
-            spans.append(self._append(memoryview(data).cast("B"), digest))
+            arrays.append(array)
+        return self._place_tensor(name, encoding, logical, group_size, arrays)
+
+    def declare_tensor(
+        self, name: str, encoding: Encoding, shape: Sequence[int], group_size: int = 0
+    ) -> TensorEntry:
+        """Lay out a tensor from its metadata alone (sizing only: nothing is stored)."""
+        encoding = self._begin_tensor(name, encoding)
+        return self._place_tensor(name, encoding, tuple(int(d) for d in shape), group_size, None)
+
+    def _place_tensor(
+        self,
+        name: str,
+        encoding: Encoding,
+        logical: tuple[int, ...],
+        group_size: int,
+        arrays: list[np.ndarray] | None,
+    ) -> TensorEntry:
+        """Spans for the parts in file order (codes, scales, zeros); stores ``arrays``."""
+        layout = tensor_layout(encoding, logical, group_size)
+        spans, parts = [], []
+        for part in (layout.codes, layout.scales, layout.zeros):
+            spans.append(self._layout.place(part.nbytes) if part is not None else Span())
+            if part is not None:
+                parts.append((spans[-1], arrays[len(parts)] if arrays else None, part.dtype))
         entry = TensorEntry(
             name=name,
             shape=logical,
@@ -155,10 +149,10 @@ class PackageWriter:
             codes=spans[0],
             scales=spans[1],
             zeros=spans[2],
-            hash=digest.digest(),
+            hash=self._store(parts),
             group_size=group_size if encoding.is_group else 0,
         )
-        self._tensors.append(entry)
+        self._layout.tensors.append(entry)
         return entry
 
     def add_low_rank(
@@ -174,7 +168,7 @@ class PackageWriter:
             factors=tuple(factors),
             rank=rank,
         )
-        self._tensors.append(entry)
+        self._layout.tensors.append(entry)
         return entry
 
     def add_section(
@@ -189,81 +183,48 @@ class PackageWriter:
     ) -> SectionEntry:
         """Append a typed section; compressed with zstd when that makes it smaller."""
         self._require_open()
-        if any(s.kind == int(kind) and s.name == name for s in self._sections):
+        if any(s.kind == int(kind) and s.name == name for s in self._layout.sections):
             raise ValueError(f"a section of kind {kind} named {name!r} already exists")
-        stored, compression = bytes(data), Compression.NONE
-        if compress or (compress is None and len(data) >= _COMPRESS_MIN):
-            packed = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(data)
-            if len(packed) < len(data):
-                stored, compression = packed, Compression.ZSTD
-        digest = hashlib.sha256()
-        span = self._append(memoryview(stored), digest)
+        stored, compression = _stored(bytes(data), compress)
+        span = self._layout.place(len(stored))
+        array = np.frombuffer(stored, np.uint8)
         entry = SectionEntry(
             kind=int(kind),
             name=name,
             data=span,
-            hash=digest.digest(),
+            hash=self._store([(span, array, array.dtype)]),
             media_type=media_type,
             compression=compression,
             uncompressed_length=len(data),
             required=required,
         )
-        self._sections.append(entry)
+        self._layout.sections.append(entry)
         return entry
 
-    # -- finishing -------------------------------------------------------------
-    def finish(self, signing_keys: Sequence[object] = ()) -> Path:
-        """Assemble the package at ``path`` (atomically) and return the path."""
-        self._require_open()
-        try:
-            self._spool.flush()
-            data_length = _align(self._position, SPAN_ALIGNMENT)
-            header_bytes, data_offset = self._encode_header()
-            digest = hashlib.sha256(header_bytes).digest()
-            signature = build_signature_block(digest, signing_keys) if signing_keys else b""
-            preamble = Preamble(
-                header_offset=PREAMBLE_SIZE,
-                header_length=len(header_bytes),
-                data_offset=data_offset,
-                data_length=data_length,
-                header_digest=digest,
-                signature_offset=data_offset + data_length if signature else 0,
-                signature_length=len(signature),
-            )
-            # Never write a file our own reader would refuse (bad factors, overlaps...).
-            validate_header(decode_header(header_bytes), preamble)
-            fd, tmp_name = tempfile.mkstemp(
-                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial"
-            )
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(preamble.pack())
-                    out.write(header_bytes)
-                    out.write(bytes(data_offset - PREAMBLE_SIZE - len(header_bytes)))
-                    self._spool.seek(0)
-                    shutil.copyfileobj(self._spool, out, 16 * 1024 * 1024)
-                    out.write(bytes(data_length - self._position))
-                    out.write(signature)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp_name, self.path)
-            except BaseException:
-                Path(tmp_name).unlink(missing_ok=True)
-                raise
-        except BaseException:
-            self.abort()
-            raise
-        self._close_spool()
-        self._state = _State.FINISHED
-        return self.path
+    # -- results -------------------------------------------------------------------
+    @property
+    def data_offset(self) -> int:
+        """Where the data region starts: the first page after preamble and header."""
+        return self._layout.encode()[1]
 
-    def abort(self) -> None:
-        """Drop everything written so far; the target path is left untouched."""
-        if self._state is _State.OPEN:
-            self._close_spool()
-            self._state = _State.ABORTED
+    def file_size(self, signing_keys: Sequence[object] = ()) -> int:
+        """Exact bytes of the package once finished with ``signing_keys``."""
+        return self._layout.file_size(signing_keys)
 
     # -- internals ---------------------------------------------------------------
+    def _store(self, parts: list[tuple[Span, np.ndarray | None, np.dtype]]) -> bytes:
+        """Put each (span, array, dtype) in place; returns their digest (here nothing is
+        written and the digest is a placeholder of the same length)."""
+        return DIGEST_PLACEHOLDER
+
+    def _begin_tensor(self, name: str, encoding: Encoding) -> Encoding:
+        self._require_open()
+        encoding = Encoding(encoding)
+        if encoding == Encoding.LOW_RANK:
+            raise ValueError("use add_low_rank for low-rank tensors")
+        self._claim_name(name)
+        return encoding
+
     def _require_open(self) -> None:
         if self._state is not _State.OPEN:
             raise ValueError(f"writer is {self._state.value}")
@@ -275,70 +236,128 @@ class PackageWriter:
             raise ValueError(f"tensor {name!r} added twice")
         self._names.add(name)
 
-    def _append(self, data: memoryview, digest) -> Span:
-        if not data.nbytes:
-            return Span()
-        alignment = PAGE_SIZE if data.nbytes >= PAGE_ALIGN_THRESHOLD else SPAN_ALIGNMENT
-        start = _align(self._position, alignment)
-        if start > self._position:
-            self._spool.write(bytes(start - self._position))
-        self._spool.write(data)
-        digest.update(data)
-        self._position = start + data.nbytes
-        return Span(start, data.nbytes)  # relative until _encode_header rebases it
 
-    def _header(self, base: int) -> Header:
-        def rebase(span: Span) -> Span:
-            return Span(span.offset + base, span.length) if span.length else span
+class PackageWriter(PackageSizer):
+    """Write a package tensor by tensor; use as a context manager.
 
-        tensors = tuple(
-            TensorEntry(
-                name=t.name,
-                shape=t.shape,
-                encoding=t.encoding,
-                codes=rebase(t.codes),
-                scales=rebase(t.scales),
-                zeros=rebase(t.zeros),
-                hash=t.hash,
-                group_size=t.group_size,
-                factors=t.factors,
-                rank=t.rank,
+    >>> with PackageWriter("m.epk", ModelIdentity("m", "1.0.0", "llama")) as w:
+    ...     w.add_tensor("norm.weight", Encoding.F32, np.ones(4, np.float32))
+
+    ``data_offset``: where the data region will start, when known (from a
+    :class:`PackageSizer` given the same content); then no byte is ever moved.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        identity: ModelIdentity,
+        *,
+        min_runtime_version: str = "0.1.0",
+        required_operators: Sequence[tuple[str, int]] = (),
+        provenance: Provenance | None = None,
+        data_offset: int | None = None,
+    ) -> None:
+        super().__init__(
+            identity,
+            min_runtime_version=min_runtime_version,
+            required_operators=required_operators,
+            provenance=provenance,
+        )
+        self.path = Path(path)
+        self._base = data_offset or DATA_REGION_ALIGNMENT
+        if self._base % DATA_REGION_ALIGNMENT:
+            raise ValueError(f"data offset {self._base} is not page aligned")
+        fd, tmp = tempfile.mkstemp(
+            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial"
+        )
+        self._file = os.fdopen(fd, "r+b")
+        self._tmp = Path(tmp)
+
+    # -- context manager ---------------------------------------------------
+    def __enter__(self) -> PackageWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state is _State.OPEN:
+            self.finish()
+
+    # -- finishing -------------------------------------------------------------
+    def finish(self, signing_keys: Sequence[object] = ()) -> Path:
+        """Complete the package at ``path`` (atomically) and return the path."""
+        self._require_open()
+        try:
+            data_length = self._layout.data_length
+            header_bytes, data_offset = self._layout.encode()
+            digest = hashlib.sha256(header_bytes).digest()
+            signature = build_signature_block(digest, signing_keys) if signing_keys else b""
+            assert len(signature) == signature_length(signing_keys)
+            preamble = Preamble(
+                header_offset=PREAMBLE_SIZE,
+                header_length=len(header_bytes),
+                data_offset=data_offset,
+                data_length=data_length,
+                header_digest=digest,
+                signature_offset=data_offset + data_length if signature else 0,
+                signature_length=len(signature),
             )
-            for t in self._tensors
-        )
-        sections = tuple(
-            SectionEntry(
-                kind=s.kind,
-                name=s.name,
-                data=rebase(s.data),
-                hash=s.hash,
-                media_type=s.media_type,
-                compression=s.compression,
-                uncompressed_length=s.uncompressed_length,
-                required=s.required,
-            )
-            for s in self._sections
-        )
-        return Header(
-            identity=self._identity,
-            min_runtime_version=self._min_runtime_version,
-            tensors=tensors,
-            sections=sections,
-            required_operators=self._required_operators,
-            provenance=self._provenance,
-        )
+            # Never write a file our own reader would refuse (bad factors, overlaps...).
+            validate_header(decode_header(header_bytes), preamble)
+            out = self._file
+            if data_offset != self._base:
+                self._move_data(data_offset)
+            # the gaps (header padding, span alignment, data tail) read as zeros
+            out.truncate(data_offset + data_length)
+            out.seek(0)
+            out.write(preamble.pack())
+            out.write(header_bytes)
+            out.write(bytes(data_offset - PREAMBLE_SIZE - len(header_bytes)))
+            out.seek(data_offset + self._layout.position)  # stale bytes after a move
+            out.write(bytes(data_length - self._layout.position))
+            out.write(signature)
+            out.flush()
+            os.fsync(out.fileno())
+            out.close()
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = _State.FINISHED
+        return self.path
 
-    def _encode_header(self) -> tuple[bytes, int]:
-        """Header bytes with absolute offsets; spans are fixed-size so this converges."""
-        data_offset = DATA_REGION_ALIGNMENT
-        for _ in range(4):
-            encoded = encode_header(self._header(data_offset))
-            needed = _align(PREAMBLE_SIZE + len(encoded), DATA_REGION_ALIGNMENT)
-            if needed == data_offset:
-                return encoded, data_offset
-            data_offset = needed
-        raise RuntimeError("header size did not converge")  # pragma: no cover
+    def abort(self) -> None:
+        """Drop everything written so far; the target path is left untouched."""
+        if self._state is _State.OPEN:
+            self._file.close()
+            self._tmp.unlink(missing_ok=True)
+            self._state = _State.ABORTED
 
-    def _close_spool(self) -> None:
-        self._spool.close()
-        Path(self._spool.name).unlink(missing_ok=True)
+    # -- internals ---------------------------------------------------------------
+    def _store(self, parts: list[tuple[Span, np.ndarray | None, np.dtype]]) -> bytes:
+        digest = hashlib.sha256()
+        for span, array, dtype in parts:
+            if array is None:
+                raise ValueError("declare_tensor only sizes a package; add_tensor writes one")
+            if not span.length:
+                continue
+            data = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
+            self._file.seek(self._base + span.offset)
+            self._file.write(data)
+            digest.update(data)
+        return digest.digest()
+
+    def _move_data(self, data_offset: int) -> None:
+        """Shift the data region to ``data_offset`` (the header outgrew the guess): one
+        copy within the file, from the end when moving forward so nothing is overwritten
+        before it is read."""
+        f, length, old = self._file, self._layout.position, self._base
+        starts = range(0, length, _MOVE_CHUNK)
+        for start in reversed(starts) if data_offset > old else starts:
+            n = min(_MOVE_CHUNK, length - start)
+            f.seek(old + start)
+            chunk = f.read(n)
+            chunk += bytes(n - len(chunk))  # a trailing gap not written yet
+            f.seek(data_offset + start)
+            f.write(chunk)
+        self._base = data_offset

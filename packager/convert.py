@@ -20,6 +20,7 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
+from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
 from .encode import EncodingChoice, encode_tensor, parse_encoding
@@ -122,13 +123,17 @@ def convert(
     if on_start:
         on_start(sum(math.prod(t.shape) for t in source.tensors))
     tensor_bytes: dict[str, int] = {}
-    with PackageWriter(
-        out,
-        identity,
-        min_runtime_version=min_runtime_version or runtime_version(),
-        required_operators=ops,
-        provenance=provenance,
-    ) as writer:
+    meta = {
+        "min_runtime_version": min_runtime_version or runtime_version(),
+        "required_operators": ops,
+        "provenance": provenance,
+    }
+    sizer = PackageSizer(identity, **meta)  # where the data starts: written in place, once
+    for tensor, plan in zip(source.tensors, plans, strict=True):
+        choice = plan.choice
+        sizer.declare_tensor(tensor.name, choice.encoding, tensor.shape, choice.group_size)
+    _add_sections(sizer, source, plans)
+    with PackageWriter(out, identity, data_offset=sizer.data_offset, **meta) as writer:
         for tensor, plan in zip(source.tensors, plans, strict=True):
             encoded = encode_tensor(tensor.load(), plan.choice, tensor.name)
             entry = writer.add_tensor(
@@ -150,7 +155,7 @@ def convert(
     return ConvertResult(Path(out), plans, tensor_bytes)
 
 
-def _add_sections(writer: PackageWriter, source: SourceModel, plans: list[TensorPlan]) -> None:
+def _add_sections(writer: PackageSizer, source: SourceModel, plans: list[TensorPlan]) -> None:
     if source.tokenizer_json:
         writer.add_section(
             SectionKind.TOKENIZER,

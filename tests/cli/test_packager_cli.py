@@ -90,12 +90,12 @@ def test_impossible_budget_refused_before_calibration(
 ) -> None:
     """A size budget below every tensor's smallest candidate is a usage error (exit 2)
     found before any calibration, with what to change; nothing is left behind."""
-    import edgepack.packager.build as build_mod
+    import edgepack.packager.build.pipeline as build_mod
 
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated for an impossible budget")
 
-    monkeypatch.setattr(build_mod, "_calibrate", no_calibration)
+    monkeypatch.setattr(build_mod, "calibrate", no_calibration)
     recipe = tmp_path / "r.toml"
     recipe.write_text('[quantize]\nencodings = ["int3"]\ngroup_sizes = [32]\n')
     out = tmp_path / "m.epk"

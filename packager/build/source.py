@@ -1,0 +1,285 @@
+"""Phase 1, import: the source model as float32 tensors, and the float reference the
+runtime runs for calibration, the probe and the verification.
+
+The runtime opens package files only (``runtime_shim.open(path)``), so the float
+reference is a float32 package: written once (the writer puts every tensor in place, no
+spool copy), opened once, and read back tensor by tensor (read, not mapped, so the pages
+the build touches do not stay in its resident set). Where it goes is a matter of memory:
+in RAM (``/dev/shm``) when the machine has room for it twice over, so nothing goes
+through a disk; on disk next to the output only when the float model does not fit in
+memory (:func:`float_dir`). A float ``.epk`` source is used as it is (nothing written).
+The RAM file *is* the in-memory float reference: one float32 copy serves the runtime's
+mapping and the build's reads, where separate arrays would be a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepack.format import (
+    Encoding,
+    ModelIdentity,
+    Package,
+    PackageWriter,
+    Provenance,
+    SectionKind,
+)
+from edgepack.format.writer import PackageSizer
+from edgepack.runtime_shim import runtime_version
+
+from ..convert import required_operators
+from ..errors import QuantizedSourceError
+from ..quantizers.awq import Transforms
+from .result import Progress
+
+__all__ = ["FloatModel", "float_dir", "open_float", "static_sections"]
+
+_SHM = Path("/dev/shm")
+_RAM_HEADROOM = 2  # the float reference goes to RAM while RAM holds it this many times
+
+
+@dataclass
+class FloatModel:
+    """The model as float32 tensors, read from the source; when calibration needs it, a
+    float package the runtime opens once (float activations and KV cache, numpy kernels),
+    from which every tensor is then read (see the module docstring for where it lives)."""
+
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    identity: ModelIdentity
+    tokenizer_json: str | None
+    chat_template: str | None
+    model_config: bytes | None
+    source_name: str
+    source_sha256: str
+    reader: Callable[[str], np.ndarray]
+    path: Path | None = None  # the float package, once there is one
+    model: Any = None  # edgepack.runtime_shim.Model on it
+    temporary: bool = False
+    float_ready: bool = False  # ``path`` holds the complete float package
+    transforms: Transforms = field(default_factory=Transforms)
+
+    def raw(self, name: str) -> np.ndarray:
+        if self.float_ready and self._float_package():
+            return self._pread(name)
+        return np.ascontiguousarray(self.reader(name), np.float32)
+
+    def _float_package(self) -> bool:
+        if getattr(self, "_entries", None) is None:
+            with Package.open(self.path) as pkg:
+                self._entries = {t.name: t for t in pkg.header.tensors}
+        return all(t.encoding == Encoding.F32 for t in self._entries.values())
+
+    def can_read_rows(self, name: str) -> bool:
+        return self.float_ready and self._float_package() and name not in self.transforms.cols
+
+    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows ``r0:r1`` of a 2-D tensor of the float package (read, not mapped)."""
+        t = self._entries[name]
+        cols = math.prod(t.shape[1:])
+        with open(self.path, "rb") as f:
+            f.seek(t.codes.offset + r0 * cols * 4)
+            a = np.fromfile(f, dtype="<f4", count=(r1 - r0) * cols)
+        w = a.astype(np.float32, copy=False).reshape(r1 - r0, cols)
+        if name in self.transforms.rows:
+            w = w * self.transforms.rows[name][r0:r1, None]
+        return np.ascontiguousarray(w, np.float32)
+
+    def _pread(self, name: str) -> np.ndarray:
+        """A tensor of the float32 package, read (not mapped): pages the build touches do
+        not stay in its resident set."""
+        t = self._entries[name]
+        n = math.prod(t.shape)
+        with open(self.path, "rb") as f:
+            f.seek(t.codes.offset)
+            a = np.fromfile(f, dtype="<f4", count=n)
+        if a.size != n:
+            raise ValueError(f"{name}: short read from {self.path}")
+        return a.astype(np.float32, copy=False).reshape(t.shape)
+
+    def load(self, name: str) -> np.ndarray:
+        """float32 tensor, with the AWQ / SmoothQuant scalings applied."""
+        w = self.raw(name)
+        return self.transforms.apply(name, w) if self.transforms else w
+
+    @property
+    def params(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def ensure_model(self, workdir: Path, progress: Progress) -> None:
+        """Open the float model on the runtime, writing the float reference first unless
+        the source is one: in memory when it fits, else in ``workdir`` (:func:`float_dir`)."""
+        if self.model is not None:
+            return
+        if self.path is None:
+            where = float_dir(4 * self.params, workdir)
+            fd, tmp = tempfile.mkstemp(dir=where, prefix=".build.", suffix=".float.epk")
+            os.close(fd)
+            self.path, self.temporary = Path(tmp), True
+            try:
+                self._write_float(progress)
+            except BaseException:
+                self.path.unlink(missing_ok=True)
+                raise
+            self.reader = _no_reader  # drop the source (its mapping) for good
+            self.float_ready = True
+        from edgepack.runtime_shim import open as open_model
+
+        self.model = open_model(
+            self.path, kv="float", activations="float", kernels="numpy", verify="none"
+        )
+
+    def _write_float(self, progress: Progress) -> None:
+        assert self.path is not None
+        progress.phase("float model", len(self.names))
+        ops = required_operators(self.identity.architecture, {Encoding.F32})
+        prov = Provenance(
+            tool="edgepack",
+            tool_version=runtime_version(),
+            source_name=self.source_name,
+            source_sha256=self.source_sha256,
+        )
+        sections = static_sections(self)
+        sizer = PackageSizer(self.identity, required_operators=ops, provenance=prov)
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            sizer.declare_tensor(name, Encoding.F32, shape)
+        for kind, data, sname, media in sections:
+            sizer.add_section(kind, data, name=sname, media_type=media)
+        with PackageWriter(
+            self.path,
+            self.identity,
+            required_operators=ops,
+            provenance=prov,
+            data_offset=sizer.data_offset,  # every tensor written in place, once
+        ) as w:
+            for name in self.names:
+                w.add_tensor(name, Encoding.F32, self.raw(name))
+                progress.advance(1, name)
+            for kind, data, sname, media in sections:
+                w.add_section(kind, data, name=sname, media_type=media)
+            w.finish()
+
+    def release_model(self) -> None:
+        """Unmap the runtime's view (the file stays; :meth:`ensure_model` reopens it)."""
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+
+    def close(self) -> None:
+        self.release_model()
+        if self.temporary and self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def float_dir(nbytes: int, workdir: Path) -> Path:
+    """Where a float reference of ``nbytes`` goes: RAM (``/dev/shm``) while the available
+    memory and the RAM disk hold it twice over; ``workdir`` (a disk) only when the float
+    model does not fit in memory."""
+    if _SHM.is_dir() and os.access(_SHM, os.W_OK):
+        st = os.statvfs(_SHM)
+        room = min(_available_memory(), st.f_bavail * st.f_frsize)
+        if nbytes * _RAM_HEADROOM <= room:
+            return _SHM
+    return workdir
+
+
+def _available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _no_reader(name: str) -> np.ndarray:
+    raise AssertionError(f"{name}: the source was released (read the float package)")
+
+
+def open_float(src: Path) -> FloatModel:
+    """The source as a :class:`FloatModel` (nothing written yet)."""
+    if src.suffix == ".epk":
+        pkg = Package.open(src)
+        try:
+            if any(not t.encoding.is_float for t in pkg.header.tensors):
+                raise QuantizedSourceError(
+                    f"{src.name} is already quantized: build from the float source model "
+                    "(safetensors, HF directory, GGUF or an f32/f16/bf16 package)"
+                )
+            h = pkg.header
+            tok = pkg.section(SectionKind.TOKENIZER)
+            chat = pkg.section(SectionKind.CHAT_TEMPLATE)
+            prov = h.provenance
+            fm = FloatModel(
+                names=[t.name for t in h.tensors],
+                shapes=[tuple(t.shape) for t in h.tensors],
+                identity=h.identity,
+                tokenizer_json=tok.decode() if tok is not None else None,
+                chat_template=chat.decode() if chat is not None else None,
+                model_config=pkg.section(SectionKind.MODEL_CONFIG),
+                source_name=(prov.source_name if prov else "") or src.name,
+                source_sha256=(prov.source_sha256 if prov else "") or "",
+                reader=lambda name: pkg.dequantize(name),
+                path=src,
+                float_ready=True,
+            )
+        except BaseException:
+            pkg.close()
+            raise
+        fm._pkg = pkg  # type: ignore[attr-defined]  # closed with the build
+        return fm
+    from ..importers import open_source
+
+    source = open_source(src)
+    by_name = {t.name: t for t in source.tensors}
+    raw = source.config.get("source_config")
+    return FloatModel(
+        names=[t.name for t in source.tensors],
+        shapes=[tuple(t.shape) for t in source.tensors],
+        identity=ModelIdentity(
+            name=source.name,
+            version="1.0.0",
+            architecture=source.architecture,
+            config={k: v for k, v in source.config.items() if k != "source_config"},
+        ),
+        tokenizer_json=source.tokenizer_json,
+        chat_template=source.chat_template,
+        model_config=(
+            json.dumps(raw, sort_keys=True, default=str).encode() if raw is not None else None
+        ),
+        source_name=", ".join(p.name for p in source.source_files),
+        source_sha256=source.source_sha256,
+        reader=lambda name: by_name[name].load(),
+    )
+
+
+def static_sections(fm: FloatModel) -> list[tuple[SectionKind, bytes, str, str]]:
+    """Sections copied from the source."""
+    out = []
+    if fm.tokenizer_json:
+        out.append(
+            (
+                SectionKind.TOKENIZER,
+                fm.tokenizer_json.encode(),
+                "tokenizer.json",
+                "application/json",
+            )
+        )
+    if fm.chat_template:
+        out.append(
+            (SectionKind.CHAT_TEMPLATE, fm.chat_template.encode(), "default", "text/x-jinja2")
+        )
+    if fm.model_config:
+        out.append((SectionKind.MODEL_CONFIG, fm.model_config, "source", "application/json"))
+    return out
+
