@@ -12,7 +12,7 @@ from runtime_fixtures import native_runtime_module, tiny_package
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim.kernels import Fallback, NativeKernels
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IDS = [5, 17, 3, 99, 42, 7, 64, 2, 11]
 
 

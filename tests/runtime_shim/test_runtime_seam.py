@@ -19,7 +19,7 @@ from runtime_fixtures import tiny_package
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim import instrument
 
-PACKAGER = Path(__file__).resolve().parents[1] / "packager"
+PACKAGER = Path(__file__).resolve().parents[2] / "packager"
 PUBLIC_SUBMODULES = {"edgepack.runtime_shim.instrument"}
 
 

@@ -26,7 +26,7 @@ from edgepack.packager.encode import EncodingChoice, encode_tensor, parse_encodi
 from edgepack.runtime_shim.capabilities import runtime_capabilities
 from edgepack.runtime_shim.weights import decode_rows, quantized_linear
 
-SPEC = Path(__file__).resolve().parents[1] / "spec" / "FORMAT.md"
+SPEC = Path(__file__).resolve().parents[2] / "spec" / "FORMAT.md"
 DATA = [r for r in REGISTRY if not r.is_low_rank]
 SHAPE = (6, 64)
 # relative RMS error a round trip of N(0, 1) weights may have, by code bits (floats: none
