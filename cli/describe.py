@@ -10,9 +10,8 @@ from edgepack.format import Encoding, Package
 
 
 def _encoding_label(t) -> str:
-    if t.encoding.is_group:
-        return f"{t.encoding.name.lower()}/g{t.group_size}"
-    return t.encoding.name.lower()
+    """The label the CLI and recipes use for this tensor's encoding (``int4-g32-asym``)."""
+    return t.encoding.info.label(t.group_size)
 
 
 def header_to_json(pkg: Package) -> dict[str, Any]:
