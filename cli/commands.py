@@ -203,4 +203,5 @@ from . import (  # noqa: E402,F401
     delta_commands,
     release_commands,
     run_commands,
+    serve_commands,
 )
