@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from pkgfactory import build_package, make_key, replace_header
+from s3server import MotoServer, s3_server  # noqa: F401
 from tuf.ngclient import Updater
 
 from edgepack.format import Package
@@ -76,7 +77,7 @@ def free_port() -> int:
 class Server:
     """One `edgepack serve` subprocess; its stderr (the access log) kept in a file."""
 
-    def __init__(self, store: Path, log: Path, *extra: str) -> None:
+    def __init__(self, store: Path | str, log: Path, *extra: str, ready: bool = True) -> None:
         self.port = free_port()
         self.log = log
         cmd = [sys.executable, "-m", "edgepack.cli", "serve", "--store", str(store)]
@@ -86,7 +87,7 @@ class Server:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if self.get("/readyz")[0] == 200:
+                if self.get("/readyz" if ready else "/healthz")[0] == 200:
                     return
             except OSError:
                 pass
@@ -465,3 +466,58 @@ def test_two_replicas_see_a_publish_and_compute_a_missing_delta_once(tmp_path: P
         b.stop()
 
 
+
+
+def test_uninitialised_store_is_not_ready_and_checks_are_503(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    server = Server(tmp_path / "empty", tmp_path / "log", ready=False)
+    try:
+        status, _, body = server.get("/readyz")
+        assert status == 503 and "repo init" in json.loads(body)["reason"]
+        status, body = server.check()
+        assert status == 503 and body["error"] == "unavailable"
+    finally:
+        server.stop()
+
+
+def test_several_workers_answer_alike(world: dict[str, Any]) -> None:
+    server = Server(world["store"], world["tmp"] / "workers.log", "--workers", "2")
+    try:
+        answers = {json.dumps(server.check(device_id=f"w{i}")[1]["plan"]) for i in range(8)}
+        assert answers <= {'"full"'}
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------------- S3
+
+
+def test_s3_store_served_directly_and_by_redirect(
+    s3_server: MotoServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    s3_server.create_bucket("serve")
+    url = f"s3://serve/{tmp_path.name}"
+    repo = ReleaseRepository(open_store(url), KeyRing(tmp_path / "keys"))
+    repo.init(policy=RepoPolicy(delta_count=0))
+    v1 = make_pkg(tmp_path / "v1.epk", "1.0.0")
+    rel = repo.publish(v1, "beta").release
+    for extra in ((), ("--redirect", "--presign-seconds", "60")):
+        server = Server(url, tmp_path / f"log{len(extra)}", *extra)
+        try:
+            status, plan = server.check()
+            assert (status, plan["plan"], plan["sha256"]) == (200, "full", rel.sha256)
+            path = f"/targets/{rel.path}"
+            status, headers, body = server.get(path, {"range": "bytes=100-"})
+            if not extra:
+                assert status == 206 and body == v1.read_bytes()[100:]
+                continue
+            assert status == 307 and headers["etag"] == f'"{rel.sha256}"'
+            location = headers["location"]
+            assert location.startswith(s3_server.endpoint_url)
+            import urllib.request
+
+            with urllib.request.urlopen(location, timeout=30) as r:
+                assert hashlib.sha256(r.read()).hexdigest() == rel.sha256
+        finally:
+            server.stop()
