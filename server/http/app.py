@@ -17,8 +17,10 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgepack.format.errors import EdgepackError
 
@@ -96,6 +98,13 @@ def create_app(config: ServeConfig, *, store: Store | None = None) -> FastAPI:
             status_code=503,
             headers={"retry-after": "5"},
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:  # a body that is not even text: same shape as 422
+            detail = [{"loc": ["body"], "msg": str(exc.detail), "type": "body_unparseable"}]
+            return JSONResponse({"detail": detail}, status_code=422)
+        return await http_exception_handler(request, exc)
 
     app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(AccessLog)

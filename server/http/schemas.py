@@ -5,16 +5,17 @@ is generated from them): request fields ``device_id``, ``installed_sha256``,
 ``runtime_version``, ``operator_set_version``, ``operators``, ``channel``, ``model``,
 ``adapters``, ``free_bytes``; answer fields ``plan``, ``release``, ``bytes``,
 ``sha256``, ``targets``, ``reason``. Unknown request fields are refused (422) so a
-typo is not silently ignored.
+typo is not silently ignored; integers are JSON Schema integers (``3`` or ``3.0``,
+never ``"3"`` or ``false``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from edgepack.format.compat import parse_semver
+from edgepack.format import compat
 
 __all__ = [
     "MAX_ADAPTERS",
@@ -33,11 +34,28 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$", min_length=
 Name = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", min_length=1, max_length=128)
 ]
-Semver = Annotated[str, StringConstraints(min_length=5, max_length=160)]
+# the format's own semantic-version grammar, so the document says what parse_semver takes
+Semver = Annotated[
+    str, StringConstraints(min_length=5, max_length=160, pattern=compat._SEMVER.pattern)
+]
 OperatorName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-OperatorVersion = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+def _json_integer(value: object) -> object:
+    """What JSON Schema calls an integer: a number with no fractional part."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+Int32 = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_json_integer)]
+OperatorVersion = Int32
 AdapterId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-MAX_BYTES = 2**63 - 1
+MAX_BYTES = 2**53 - 1  # exact in every JSON parser (doubles), 8 PiB
 
 
 class UpdateCheck(BaseModel):
@@ -48,18 +66,12 @@ class UpdateCheck(BaseModel):
     device_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     installed_sha256: Sha256 | None = None
     runtime_version: Semver
-    operator_set_version: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    operator_set_version: Int32
     operators: Annotated[dict[OperatorName, OperatorVersion], Field(max_length=MAX_OPERATORS)] = {}
     channel: Name
     model: Name
     adapters: Annotated[list[AdapterId], Field(max_length=MAX_ADAPTERS)] = []
-    free_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)]
-
-    @field_validator("runtime_version")
-    @classmethod
-    def _semver(cls, value: str) -> str:
-        parse_semver(value)  # ValueError -> 422
-        return value
+    free_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES), BeforeValidator(_json_integer)]
 
 
 class TargetRef(BaseModel):
