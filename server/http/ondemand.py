@@ -65,6 +65,7 @@ class OnDemandDeltas:
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Event] = {}
         self._known: dict[tuple[str, str], TargetRef] = {}
+        self._cpu = threading.Semaphore(1)  # one delta at a time per process: bounded CPU
         self.computed = 0  # pairs this process computed (tests and logs count them)
 
     # -- the planner's callback ----------------------------------------------------------
@@ -106,14 +107,18 @@ class OnDemandDeltas:
             raw, _ = self.store.get_bytes(record_key(*pair), max_length=64 * 1024)
         except ObjectNotFoundError:
             return None
-        rec = json.loads(raw)
-        ref = TargetRef(
-            path=delta_target_path(model, *pair),
-            length=int(rec["length"]),
-            sha256=str(rec["sha256"]),
-            kind="delta",
-            signed=False,
-        )
+        try:
+            rec = json.loads(raw)
+            ref = TargetRef(
+                path=delta_target_path(model, *pair),
+                length=int(rec["length"]),
+                sha256=str(rec["sha256"]),
+                kind="delta",
+                signed=False,
+            )
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring the malformed record %s", record_key(*pair))
+            return None
         self._known[pair] = ref
         return ref
 
@@ -164,7 +169,7 @@ class OnDemandDeltas:
         pair = (base.sha256, target.sha256)
         started = time.monotonic()
         try:
-            with tempfile.TemporaryDirectory(prefix="edgepack-ondemand-") as tmp:
+            with self._cpu, tempfile.TemporaryDirectory(prefix="edgepack-ondemand-") as tmp:
                 old = self._local(base, tmp)
                 new = self._local(target, tmp)
                 out = make_delta(old, new, Path(tmp) / "pair.epkd")
