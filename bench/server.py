@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import hashlib
 import json
 import os
@@ -151,6 +152,7 @@ def start_server(store_url: str, workers: int, log: Path, *extra: str) -> tuple[
 
 
 def wait_up(port: int, proc: Any, path: str) -> None:
+    """Until ``path`` answers 200 (HEAD); a 4xx means a broken setup: stop."""
     import http.client
 
     deadline = time.monotonic() + 60
@@ -159,11 +161,18 @@ def wait_up(port: int, proc: Any, path: str) -> None:
             raise SystemExit(f"server exited with {proc.returncode}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            if c.getresponse().status == 200:
+            c.request("HEAD", path)
+            status = c.getresponse().status
+            c.close()
+            if status == 200:
                 return
+            if 400 <= status < 500:
+                proc.terminate()
+                raise SystemExit(f"{path} on port {port}: HTTP {status}")
         except OSError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
+    proc.terminate()
     raise SystemExit("server did not come up")
 
 
@@ -176,6 +185,7 @@ def start_nginx(root: Path, name: str, work: Path) -> tuple[Any, int] | None:
     conf = work / "nginx.conf"
     conf.write_text(
         f"""daemon off; worker_processes 2; pid {work}/nginx.pid; error_log {work}/nginx.err;
+user {getpass.getuser()};
 events {{ worker_connections 1024; }}
 http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 100000;
   client_body_temp_path {work}/nb; proxy_temp_path {work}/np; fastcgi_temp_path {work}/nf;

@@ -130,13 +130,16 @@ class AccessLog:
 health_router = APIRouter(tags=["operations"])
 
 
-@health_router.get("/healthz", summary="The process is up (no store access).")
+@health_router.api_route(
+    "/healthz", methods=["GET", "HEAD"], summary="The process is up (no store access)."
+)
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health_router.get(
+@health_router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     summary="The store is reachable and its release metadata verifies.",
     responses={503: {"description": "not ready: the store or its metadata is unusable"}},
 )
