@@ -65,6 +65,7 @@ class OnDemandDeltas:
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Event] = {}
         self._known: dict[tuple[str, str], TargetRef] = {}
+        self._failed: set[tuple[str, str]] = set()  # no delta possible: not retried
         self._cpu = threading.Semaphore(1)  # one delta at a time per process: bounded CPU
         self.computed = 0  # pairs this process computed (tests and logs count them)
 
@@ -75,7 +76,7 @@ class OnDemandDeltas:
         pair = (base.sha256, target.sha256)
         deadline = time.monotonic() + self.config.delta_wait_seconds
         ref = self._stored(pair, target.model)
-        if ref is not None:
+        if ref is not None or pair in self._failed:
             return ref
         done = self._start(base, target)
         while True:
@@ -175,6 +176,7 @@ class OnDemandDeltas:
                 out = make_delta(old, new, Path(tmp) / "pair.epkd")
                 if out is None or not _leads_from_to(out, base.sha256, target.sha256):
                     log.warning("on-demand delta %s -> %s: none made", base.version, target.version)
+                    self._failed.add(pair)
                     return
                 obj = self.store.put_object(out)
                 record = {"sha256": obj.sha256, "length": obj.size, "by": self.owner}

@@ -6,14 +6,21 @@ committed metadata. At most every ``refresh_seconds`` the next request re-reads
 (timestamp -> snapshot -> targets, root chain) is loaded and verified again. A publish
 is therefore visible to every replica at most ``refresh_seconds`` plus one load after
 its commit, and replicas never disagree for longer than that.
+
+When a re-read fails (the store is unreachable, or what it holds now does not verify)
+the last verified state keeps being served and the failure is logged; the next try is
+``refresh_seconds`` later. Only a replica that never loaded anything answers 503.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from edgepack.format.errors import EdgepackError
 
 from ..releases.metadata import TIMESTAMP_KEY, VerifiedRepository
 from ..releases.model import ReleaseIndex
@@ -23,6 +30,7 @@ from ..store import Store
 __all__ = ["ReleaseView", "RepoSnapshot"]
 
 _TIMESTAMP_MAX = 1024 * 1024
+log = logging.getLogger("edgepack.server.http")
 
 
 @dataclass(frozen=True)
@@ -72,11 +80,20 @@ class ReleaseView:
         with self._lock:
             if self._snapshot is not None and self._clock() - self._checked < self.refresh_seconds:
                 return self._snapshot
-            ts_bytes = self._read_timestamp()
-            if self._snapshot is None or ts_bytes != self._snapshot.timestamp_bytes:
-                repo = self._repository.load()
-                self._snapshot = RepoSnapshot(
-                    repo, ReleaseIndex.from_targets(repo.targets), repo.timestamp_bytes
+            try:
+                ts_bytes = self._read_timestamp()
+                if self._snapshot is None or ts_bytes != self._snapshot.timestamp_bytes:
+                    repo = self._repository.load()
+                    self._snapshot = RepoSnapshot(
+                        repo, ReleaseIndex.from_targets(repo.targets), repo.timestamp_bytes
+                    )
+            except EdgepackError as exc:
+                if self._snapshot is None:
+                    raise
+                log.warning(
+                    "keeping timestamp v%d: re-reading the store failed: %s",
+                    self._snapshot.timestamp_version,
+                    exc,
                 )
             self._checked = self._clock()
             return self._snapshot
