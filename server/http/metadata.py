@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import ObjectNotFoundError
 from ..releases.metadata import METADATA_PREFIX
-from .payloads import IMMUTABLE, etag_matches
+from .payloads import IMMUTABLE, etag_matches, read_route
 
 __all__ = ["metadata_router"]
 
@@ -25,15 +25,11 @@ _MAX = 16 * 1024 * 1024
 metadata_router = APIRouter(tags=["tuf"])
 
 
-@metadata_router.api_route(
+@read_route(
+    metadata_router,
     "/metadata/{name}",
-    methods=["GET", "HEAD"],
-    summary="A TUF metadata file as published (consistent snapshots, versioned roots).",
-    responses={
-        200: {"content": {"application/json": {}}, "description": "the signed file"},
-        304: {"description": "unchanged (If-None-Match)"},
-        404: {"description": "no such metadata file"},
-    },
+    "A TUF metadata file as published (consistent snapshots, versioned roots).",
+    {200: {"content": {"application/json": {}}, "description": "the signed file"}},
 )
 def get_metadata(
     request: Request, name: str = Path(max_length=32, pattern=_NAME)

@@ -16,15 +16,38 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
+from fastapi import APIRouter
 from starlette.responses import Response, StreamingResponse
 
 from ..store import Store
 
-__all__ = ["IMMUTABLE", "ByteRange", "etag_matches", "parse_range", "payload_response"]
+__all__ = [
+    "IMMUTABLE",
+    "ByteRange",
+    "etag_matches",
+    "parse_range",
+    "payload_response",
+    "read_route",
+]
 
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+def read_route(router: APIRouter, path: str, summary: str, responses: dict[int, Any]) -> Any:
+    """A GET + HEAD route whose answers may be 304 and 404 besides ``responses``."""
+    return router.api_route(
+        path,
+        methods=["GET", "HEAD"],
+        summary=summary,
+        responses={
+            304: {"description": "unchanged (If-None-Match names its ETag)"},
+            404: {"description": "not found"},
+            **responses,
+        },
+    )
 
 
 class ByteRange:

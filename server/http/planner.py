@@ -81,23 +81,16 @@ def plan_update(
         why = "; ".join(passed_over)
         return UpdatePlan(plan="none", reason=f"no compatible release on {req.channel}: {why}")
     note = f" ({'; '.join(passed_over)})" if passed_over else ""
+    newest = f"the newest release on {req.channel} for this device"
     if req.installed_sha256 == target.sha256:
-        return UpdatePlan(
-            plan="none",
-            release=target.version,
-            sha256=target.sha256,
-            reason=f"up to date: {target.version} is the newest release on {req.channel} "
-            f"for this device{note}",
-        )
+        return _stay(target, f"up to date: {target.version} is {newest}{note}")
     if installed is not None and semver_precedence(installed.version) > semver_precedence(
         target.version
     ):
-        return UpdatePlan(
-            plan="none",
-            release=installed.version,
-            sha256=installed.sha256,
-            reason=f"installed {installed.version} is newer than {target.version}, the "
-            f"newest release on {req.channel} for this device (versions never go down)",
+        return _stay(
+            installed,
+            f"installed {installed.version} is newer than {target.version}, {newest} "
+            "(versions never go down)",
         )
     options = _options(target, installed, req, on_demand)
     fitting = [o for o in options if o.need <= req.free_bytes]
@@ -127,6 +120,11 @@ def plan_update(
         targets=list(best.targets),
         reason=f"update to {target.version} on {req.channel}: {how}{note}",
     )
+
+
+def _stay(release: ReleaseInfo, reason: str) -> UpdatePlan:
+    """Nothing to do: the device keeps ``release``."""
+    return UpdatePlan(plan="none", release=release.version, sha256=release.sha256, reason=reason)
 
 
 def _installed(index: ReleaseIndex, req: UpdateCheck) -> ReleaseInfo | None:

@@ -21,23 +21,21 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..releases.fetcher import target_object_key
 from ..store import object_key
-from .payloads import payload_response
+from .payloads import payload_response, read_route
 
 __all__ = ["targets_router"]
 
 targets_router = APIRouter(tags=["tuf"])
 
 
-@targets_router.api_route(
+@read_route(
+    targets_router,
     "/targets/{path:path}",
-    methods=["GET", "HEAD"],
-    summary="Target bytes: single Range, strong ETag (= SHA-256), If-None-Match, If-Range.",
-    responses={
+    "Target bytes: single Range, strong ETag (= SHA-256), If-None-Match, If-Range.",
+    {
         200: {"content": {"application/octet-stream": {}}, "description": "the whole object"},
         206: {"content": {"application/octet-stream": {}}, "description": "the range asked for"},
-        304: {"description": "unchanged (If-None-Match names the SHA-256)"},
         307: {"description": "--redirect on S3: fetch from the presigned Location"},
-        404: {"description": "no such target"},
         416: {"description": "the Range names no byte of the object"},
     },
 )
