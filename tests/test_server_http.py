@@ -543,3 +543,16 @@ def test_openapi_document_matches_the_server(world: dict[str, Any], tmp_path: Pa
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+def test_serve_refuses_a_bad_store_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgepack.cli import main as cli_main
+
+    assert cli_main(["serve", "--store", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "does not exist" in err
+    (tmp_path / "here").mkdir()
+    assert cli_main(["serve", "--store", str(tmp_path / "here"), "--redirect"]) == 2
+    assert "--redirect needs an s3:// store" in capsys.readouterr().err
