@@ -13,7 +13,8 @@ package - the smallest download whose storage need fits ``free_bytes`` wins:
   next to the downloaded delta).
 
 When nothing fits, the answer is :class:`InsufficientStorage` (HTTP 409), never a plan
-the device cannot finish.
+the device cannot finish. ``adapter`` is part of the wire format but not planned yet:
+releases do not record adapters until the adapter issue lands.
 """
 
 from __future__ import annotations
