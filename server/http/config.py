@@ -37,6 +37,7 @@ class ServeConfig:
     # long an update check waits for a computation before answering `full`
     delta_lease_seconds: float = 600.0
     delta_wait_seconds: float = 5.0
+    delta_waiters: int = 32
     on_demand_deltas: bool = True
 
     def to_env(self) -> str:

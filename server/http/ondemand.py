@@ -20,7 +20,8 @@ name exactly the installed hash as base and the release's TUF-signed hash as tar
 against that signed hash. A wrong delta can cost bandwidth, never an install.
 
 While a pair is being computed the update check waits up to ``delta_wait_seconds``
-for it, then answers ``full`` (which always works and never strands a device; the
+for it (at most ``delta_waiters`` checks at a time, so waiting never takes every
+server thread), then answers ``full`` (which always works and never strands a device; the
 next check, once the record exists, gets the delta).
 """
 
@@ -67,6 +68,8 @@ class OnDemandDeltas:
         self._known: dict[tuple[str, str], TargetRef] = {}
         self._failed: set[tuple[str, str]] = set()  # no delta possible: not retried
         self._cpu = threading.Semaphore(1)  # one delta at a time per process: bounded CPU
+        # checks blocked waiting for a delta hold server threads: at most this many
+        self._waiters = threading.Semaphore(config.delta_waiters)
         self.computed = 0  # pairs this process computed (tests and logs count them)
 
     # -- the planner's callback ----------------------------------------------------------
@@ -79,15 +82,29 @@ class OnDemandDeltas:
         if ref is not None or pair in self._failed:
             return ref
         done = self._start(base, target)
+        if not self._waiters.acquire(blocking=False):
+            return None  # enough checks already wait: this one gets `full` at once
+        try:
+            return self._wait(pair, target.model, done, deadline)
+        finally:
+            self._waiters.release()
+
+    def _wait(
+        self,
+        pair: tuple[str, str],
+        model: str,
+        done: threading.Event | None,
+        deadline: float,
+    ) -> TargetRef | None:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             if done is not None:
                 done.wait(left)
-                return self._stored(pair, target.model)
+                return self._stored(pair, model)
             time.sleep(min(0.25, left))  # another replica holds the lease
-            ref = self._stored(pair, target.model)
+            ref = self._stored(pair, model)
             if ref is not None:
                 return ref
 

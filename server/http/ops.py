@@ -133,7 +133,7 @@ health_router = APIRouter(tags=["operations"])
 @health_router.api_route(
     "/healthz", methods=["GET", "HEAD"], summary="The process is up (no store access)."
 )
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:  # async: answers even when every thread is busy
     return {"status": "ok"}
 
 
