@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["CONFIG_ENV", "ServeConfig"]
@@ -44,8 +45,8 @@ class ServeConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> ServeConfig:
-        raw = (environ if environ is not None else os.environ).get(CONFIG_ENV)
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServeConfig:
+        raw = (os.environ if environ is None else environ).get(CONFIG_ENV)
         if not raw:
             raise RuntimeError(f"{CONFIG_ENV} is not set (start the server with `edgepack serve`)")
         return cls(**json.loads(raw))
