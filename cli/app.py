@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "run_commands",
     "delta_commands",
     "release_commands",
+    "serve_commands",
 )
 
 

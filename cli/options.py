@@ -16,11 +16,13 @@ __all__ = [
     "ACTIVATIONS_CHOICE",
     "KERNEL_CHOICES",
     "KV_CHOICE",
+    "endpoint_option",
     "json_option",
     "kernels_option",
     "kernels_or_none",
     "output_option",
     "sign_key_option",
+    "store_option",
     "threads_option",
     "threshold_option",
     "trusted_key_option",
@@ -57,6 +59,20 @@ def trusted_key_option(help: str) -> Decorator:
     """``--trusted-key NAME.pub``, repeatable, passed as ``trusted_keys``."""
     return click.option("--trusted-key", "trusted_keys", multiple=True, type=_KEY_FILE, help=help)
 
+
+store_option: Decorator = click.option(
+    "--store",
+    "store_url",
+    required=True,
+    envvar="EDGEPACK_STORE",
+    help="Release store: a directory, file:///path or s3://bucket/prefix ($EDGEPACK_STORE).",
+)
+
+endpoint_option: Decorator = click.option(
+    "--endpoint-url",
+    default=None,
+    help="S3-compatible endpoint (default: AWS_ENDPOINT_URL / AWS config).",
+)
 
 threshold_option: Decorator = click.option(
     "--threshold",

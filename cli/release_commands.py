@@ -16,20 +16,8 @@ from typing import Any
 import click
 
 from .exit_codes import EXIT_CORRUPT, EXIT_OK
-from .options import json_option, trusted_key_option
+from .options import endpoint_option, json_option, store_option, trusted_key_option
 
-_store_option = click.option(
-    "--store",
-    "store_url",
-    required=True,
-    envvar="EDGEPACK_STORE",
-    help="Release store: a directory, file:///path or s3://bucket/prefix ($EDGEPACK_STORE).",
-)
-_endpoint_option = click.option(
-    "--endpoint-url",
-    default=None,
-    help="S3-compatible endpoint (default: AWS_ENDPOINT_URL / AWS config).",
-)
 _keys_option = click.option(
     "--keys-dir",
     default="edgepack-keys",
@@ -118,8 +106,8 @@ def repo() -> None:
 
 
 @repo.command("init")
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @_keys_option
 @click.option(
     "--root-keys",
@@ -224,8 +212,8 @@ def repo_init(
 
 @repo.command("rotate-key")
 @click.argument("role", type=click.Choice(["root", "targets", "snapshot", "timestamp"]))
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @_keys_option
 @_verbose_option
 def repo_rotate_key(
@@ -241,8 +229,8 @@ def repo_rotate_key(
 
 
 @repo.command("refresh")
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @_keys_option
 @click.option("--force", is_flag=True, help="Re-sign targets and snapshot too.")
 @_verbose_option
@@ -258,8 +246,8 @@ def repo_refresh(
 
 
 @repo.command("verify")
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @click.option("--deep", is_flag=True, help="Also hash every object (reads all bytes).")
 @_verbose_option
 def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: bool) -> int:
@@ -281,7 +269,7 @@ def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: b
 
 @click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@_store_option
+@store_option
 @click.option("--channel", required=True, help="Channel to publish on (e.g. beta, stable).")
 @click.option(
     "--rollout",
@@ -301,7 +289,7 @@ def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: b
     "--model", default=None, help="Model name in the repository (default: the package's own)."
 )
 @trusted_key_option("Also require a signature by this public key (NAME.pub); repeatable.")
-@_endpoint_option
+@endpoint_option
 @_keys_option
 @_verbose_option
 def publish(
@@ -346,8 +334,8 @@ def publish(
     help="Percentage of devices (default 100 for a new channel).",
 )
 @click.option("--model", default=None, help="Model (needed when the repository holds several).")
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @_keys_option
 @_verbose_option
 def promote(
@@ -381,8 +369,8 @@ def promote(
 
 
 @click.command()
-@_store_option
-@_endpoint_option
+@store_option
+@endpoint_option
 @json_option("releases and metadata")
 @click.option("--model", default=None, help="Only this model.")
 @click.option("--channel", default=None, help="Only this channel.")
