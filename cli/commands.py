@@ -14,9 +14,11 @@ from .exit_codes import EXIT_OK
 from .options import (
     json_option,
     output_option,
+    require_signature_option,
     sign_key_option,
     threshold_option,
     trusted_key_option,
+    unchecked_warning,
 )
 from .progress import progress_bars
 
@@ -129,12 +131,16 @@ def inspect(package: str, as_json: bool) -> None:
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @trusted_key_option("Public key (NAME.pub) to accept signatures from; repeatable.")
 @threshold_option
-def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
+@require_signature_option
+def verify(
+    package: str, trusted_keys: tuple[str, ...], threshold: int, require_signature: bool
+) -> int:
     """Check structure, every hash, the signature and compatibility with this runtime."""
     from edgepack.format import IncompatiblePackageError, Package, load_public_key
     from edgepack.runtime_shim import runtime_capabilities
 
     keys = [load_public_key(k) for k in trusted_keys] or None
+    warning = unchecked_warning(package, keys, require_signature)
     with Package.open(package) as pkg:
         total = sum(t.nbytes for t in pkg.header.tensors)
         with progress_bars("verifying", counting="bytes") as bar:
@@ -154,6 +160,8 @@ def verify(package: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
         f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "
         "runtime"
     )
+    if warning:
+        click.echo(warning, err=True)
     return EXIT_OK
 
 

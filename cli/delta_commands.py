@@ -13,7 +13,14 @@ from pathlib import Path
 import click
 
 from .exit_codes import EXIT_OK
-from .options import output_option, sign_key_option, threshold_option, trusted_key_option
+from .options import (
+    output_option,
+    require_signature_option,
+    sign_key_option,
+    threshold_option,
+    trusted_key_option,
+    unchecked_warning,
+)
 
 
 @click.command()
@@ -57,12 +64,21 @@ def diff(
 @output_option("Package to write.")
 @trusted_key_option("Public key (NAME.pub) the delta must be signed by; repeatable.")
 @threshold_option
-def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], threshold: int) -> int:
+@require_signature_option
+def patch(
+    old: str,
+    delta: str,
+    out: str,
+    trusted_keys: tuple[str, ...],
+    threshold: int,
+    require_signature: bool,
+) -> int:
     """Apply DELTA to package OLD, writing the verified result atomically to -o."""
     from edgepack.format import load_public_key
     from edgepack.format.delta import apply_delta
 
     keys = [load_public_key(k) for k in trusted_keys] or None
+    warning = unchecked_warning(delta, keys, require_signature)
     start = time.perf_counter()
     report = apply_delta(old, delta, out, trusted_keys=keys, threshold=threshold)
     seconds = time.perf_counter() - start
@@ -75,6 +91,8 @@ def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], thresho
     click.echo(
         f"wrote {out}: {report.target_size:,} bytes, verified (SHA-256) in {seconds:.1f} s; {sig}"
     )
+    if warning:
+        click.echo(warning, err=True)
     return EXIT_OK
 
 

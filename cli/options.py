@@ -2,7 +2,7 @@
 
 Each is a decorator (or a factory of one when the help names what the command does with
 it). Parameter names are part of the contract: commands receive ``out``, ``sign_keys``,
-``trusted_keys``, ``threshold``, ``kernels``, ``threads`` and ``as_json``.
+``trusted_keys``, ``threshold``, ``require_signature``, ``kernels``, ``threads`` and ``as_json``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ __all__ = [
     "kernels_option",
     "kernels_or_none",
     "output_option",
+    "require_signature_option",
     "sign_key_option",
     "store_option",
     "threads_option",
     "threshold_option",
     "trusted_key_option",
+    "unchecked_warning",
 ]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -78,7 +80,14 @@ threshold_option: Decorator = click.option(
     "--threshold",
     default=1,
     show_default=True,
-    help="Signatures from distinct trusted keys required.",
+    type=click.IntRange(min=1),
+    help="Signatures from distinct trusted keys required (at least 1).",
+)
+
+require_signature_option: Decorator = click.option(
+    "--require-signature",
+    is_flag=True,
+    help="Fail (exit 4) unless a --trusted-key signature is checked: for release pipelines.",
 )
 
 kernels_option: Decorator = click.option(
@@ -98,6 +107,16 @@ threads_option: Decorator = click.option(
 def json_option(what: str) -> Decorator:
     """``--json`` flag, passed as ``as_json``."""
     return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as JSON.")
+
+
+def unchecked_warning(what: str, keys: object, require_signature: bool) -> str | None:
+    """With no trusted key: the one warning line to print once the command succeeded,
+    or (``--require-signature``) the signature error (exit 4), raised before any work."""
+    if keys:
+        return None
+    from edgepack.format.signing import unchecked_signature_warning
+
+    return unchecked_signature_warning(what, require_signature=require_signature)
 
 
 def kernels_or_none(kernels: str) -> str | None:

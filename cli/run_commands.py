@@ -13,7 +13,9 @@ from .options import (
     KV_CHOICE,
     kernels_option,
     kernels_or_none,
+    require_signature_option,
     threads_option,
+    threshold_option,
     trusted_key_option,
 )
 
@@ -63,8 +65,11 @@ def _log_to_stderr(verbose: bool) -> None:
     default="signature",
     type=click.Choice(["signature", "full", "none"]),
     show_default=True,
-    help="full: also hash every tensor before running.",
+    help="signature: check the signature and hash every tensor (a verified-install "
+    "record may stand in); full: also hash every section, always; none: check nothing.",
 )
+@threshold_option
+@require_signature_option
 @click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
 def run(
     package: str,
@@ -82,6 +87,8 @@ def run(
     kernels: str,
     trusted_keys: tuple[str, ...],
     verify: str,
+    threshold: int,
+    require_signature: bool,
     verbose: bool,
 ) -> None:
     """Generate text from PACKAGE, streaming it; statistics go to stderr at the end."""
@@ -98,6 +105,8 @@ def run(
         kv=kv,
         kernels=kernels_or_none(kernels),
         verify=verify,
+        threshold=threshold,
+        require_signature=require_signature,
         activations=activations,
     )
     with model:

@@ -30,7 +30,7 @@ _SEMVER = re.compile(
 
 def parse_semver(text: str) -> tuple[int, int, int, str]:
     """Parse ``MAJOR.MINOR.PATCH[-pre][+build]``; raise ValueError otherwise."""
-    m = _SEMVER.match(text)
+    m = _SEMVER.fullmatch(text)
     if not m:
         raise ValueError(f"{text!r} is not a semantic version (MAJOR.MINOR.PATCH)")
     return int(m[1]), int(m[2]), int(m[3]), m[4] or ""

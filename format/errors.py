@@ -14,6 +14,7 @@ __all__ = [
     "EdgepackError",
     "EncodingError",
     "IncompatiblePackageError",
+    "InvalidThresholdError",
     "SignatureError",
     "TruncatedPackageError",
     "UnsupportedFeatureError",
@@ -53,3 +54,7 @@ class IncompatiblePackageError(EdgepackError):
 
 class EncodingError(EdgepackError):
     """A tensor cannot be encoded as asked (non-finite weights, incompatible shape)."""
+
+
+class InvalidThresholdError(EdgepackError, ValueError):
+    """A signature threshold below 1 was asked for: it would accept unsigned input."""

@@ -24,7 +24,7 @@ from .header import Header, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
 from .layout import tensor_layout
 from .preamble import Preamble
-from .signing import parse_signature_block, verify_signature_block
+from .signing import check_threshold, parse_signature_block, verify_signature_block
 from .validate import validate_header
 
 __all__ = ["Package", "QuantizedTensor", "VerifyReport"]
@@ -220,6 +220,7 @@ class Package:
     ) -> VerifyReport:
         """Check hashes (all tensors, or the named ones, and all sections) and, when
         ``trusted_keys`` is given, that enough trusted keys signed the header."""
+        check_threshold(threshold)
         signers: list[bytes] = []
         block = self.signature_block()
         if trusted_keys is not None:
@@ -253,6 +254,10 @@ class Package:
             signed=bool(block),
             trusted_signers=tuple(k.hex() for k in signers),
         )
+
+    def file_stat(self) -> os.stat_result:
+        """``fstat`` of the open file (the one mapped), for integrity records."""
+        return os.fstat(self._file.fileno())
 
     def signature_block(self) -> bytes:
         pre = self.preamble

@@ -18,19 +18,21 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .constants import DIGEST_SIZE, SIGNATURE_CONTEXT, SignatureAlgorithm
-from .errors import SignatureError
+from .errors import InvalidThresholdError, SignatureError
 from .schema import Signature as fb_Signature
 from .schema import SignatureBlock as fb_Block
 
 __all__ = [
     "SignatureEntry",
     "build_signature_block",
+    "check_threshold",
     "generate_keypair",
     "key_id",
     "load_private_key",
     "load_public_key",
     "parse_signature_block",
     "signature_message",
+    "unchecked_signature_warning",
     "verify_signature_block",
 ]
 
@@ -139,6 +141,29 @@ def parse_signature_block(buf: bytes) -> list[SignatureEntry]:
     return entries
 
 
+def check_threshold(threshold: int) -> int:
+    """Refuse a threshold below 1: zero trusted signatures would accept any package."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise InvalidThresholdError(
+            f"signature threshold must be an integer of at least 1, got {threshold!r}"
+        )
+    return threshold
+
+
+def unchecked_signature_warning(what: str, *, require_signature: bool = False) -> str:
+    """The one warning line for ``what`` being used with no signature checked, or (with
+    ``require_signature``, for release pipelines) a :class:`SignatureError`."""
+    if require_signature:
+        raise SignatureError(
+            f"{what}: a trusted signature is required (--require-signature) but no "
+            "trusted key was given"
+        )
+    return (
+        f"warning: {what}: no trusted key given, the signature is not checked "
+        "(anyone could have made or modified it)"
+    )
+
+
 def verify_signature_block(
     block: bytes,
     header_digest: bytes,
@@ -146,6 +171,7 @@ def verify_signature_block(
     threshold: int = 1,
 ) -> list[bytes]:
     """Return the key ids of trusted keys whose signatures verify; raise if < threshold."""
+    check_threshold(threshold)
     if len(header_digest) != DIGEST_SIZE:
         raise ValueError("header digest must be 32 bytes")
     trusted = {key_id(k): k for k in trusted_keys}

@@ -60,7 +60,7 @@ _KIND = re.compile(r"^layers\.(\d+)\.(\w+)\.weight$")
 
 def kind_of(name: str) -> tuple[str, int | None]:
     """``("attn_q", 3)`` for ``layers.3.attn_q.weight``; ``("embed", None)`` etc."""
-    m = _KIND.match(name)
+    m = _KIND.fullmatch(name)
     if m:
         return m[2], int(m[1])
     return name.split(".")[0], None

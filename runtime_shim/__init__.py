@@ -11,8 +11,11 @@ or a chat template rendered.
 
 The packager's measurements (calibration, sensitivity, device profiles) go through the
 public submodule :mod:`edgepack.runtime_shim.instrument`, which apps never import.
+The update client records verified installs through :mod:`edgepack.runtime_shim.integrity`
+(so that ``open`` may skip re-hashing the weights of a file that provably did not change).
 """
 
+from . import integrity
 from .capabilities import runtime_capabilities, runtime_version
 from .errors import (
     ChatTemplateError,
@@ -44,6 +47,7 @@ __all__ = [
     "Session",
     "Tokenizer",
     "TokenizerUnavailableError",
+    "integrity",
     "open",
     "runtime_capabilities",
     "runtime_version",

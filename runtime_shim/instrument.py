@@ -145,7 +145,7 @@ class WeightOverrides:
 
     def bias_of(self, name: str) -> np.ndarray | None:
         """The current bias of per-layer weight ``name`` (None for other tensors)."""
-        m = _LAYER_TENSOR.match(name)
+        m = _LAYER_TENSOR.fullmatch(name)
         if m is None or m[2] not in _LAYER_ATTR:
             return None
         return getattr(self.model.weights.layers[int(m[1])], _LAYER_ATTR[m[2]]).bias
@@ -154,7 +154,7 @@ class WeightOverrides:
         """A 1-D tensor: ``norm.weight``, a layer's norm weight or a layer weight's bias."""
         w = self.model.weights
         v = np.ascontiguousarray(values, _F32)
-        m = _LAYER_TENSOR.match(name)
+        m = _LAYER_TENSOR.fullmatch(name)
         if name == "norm.weight":
             w.norm = v
         elif m and m[3] == "weight" and m[2] in ("attn_norm", "ffn_norm"):
@@ -168,7 +168,7 @@ class WeightOverrides:
         """Use ``lin`` for matrix ``name``; ``role`` ("embed"/"head") picks one use of a
         tied embedding (default: both)."""
         w = self.model.weights
-        m = _LAYER_TENSOR.match(name)
+        m = _LAYER_TENSOR.fullmatch(name)
         if m is not None and m[2] in _LAYER_ATTR:
             setattr(w.layers[int(m[1])], _LAYER_ATTR[m[2]], lin)
             return

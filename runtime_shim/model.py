@@ -21,11 +21,17 @@ import numpy as np
 from edgepack.format import Package, SectionKind
 from edgepack.format.compat import CompatibilityProblem, CompatibilityVerdict
 from edgepack.format.errors import IncompatiblePackageError
-from edgepack.format.signing import load_public_key, verify_signature_block
+from edgepack.format.signing import (
+    check_threshold,
+    load_public_key,
+    unchecked_signature_warning,
+    verify_signature_block,
+)
 
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
 from .errors import NumericError
+from .integrity import check_weights
 from .kernels import (
     Fallback,
     Kernels,
@@ -59,6 +65,8 @@ def open(
     *,
     verify: str = "signature",
     threshold: int = 1,
+    require_signature: bool = False,
+    integrity_records: str | os.PathLike[str] | None = None,
     activations: str = "auto",
     kv_budget_bytes: int = 128 * 1024 * 1024,
     kv_block_size: int = 16,
@@ -69,12 +77,15 @@ def open(
     * Compatibility with this runtime (:func:`runtime_capabilities`) is always checked:
       :class:`~edgepack.format.errors.IncompatiblePackageError` says what to do.
     * ``trusted_keys``: Ed25519 public keys (objects or ``.pub`` paths). ``verify``:
-      ``"signature"`` (default) checks that ``threshold`` trusted keys signed the header
-      digest (the header binds every tensor/section hash; the header itself is always
-      digest-checked) without reading the weights, so opening stays O(header);
-      ``"full"`` also hashes every tensor and section (reads the whole file once);
-      ``"none"`` skips signatures (not allowed together with ``trusted_keys``).
-    * ``threads``: worker threads of the kernels (default: all CPUs).
+      ``"signature"`` (default) checks that ``threshold`` (at least 1) trusted keys signed
+      the header digest and hashes every tensor against the header before any is used
+      (:func:`.integrity.verify_weights`, on all CPUs; the README states the cost), unless
+      ``integrity_records`` holds a record that this very file was fully verified
+      (:func:`.integrity.record_verified`); ``"full"`` always hashes every tensor and
+      section; ``"none"`` checks nothing (not allowed together with ``trusted_keys``).
+      Without trusted keys one warning is logged, or with ``require_signature`` a
+      :class:`~edgepack.format.errors.SignatureError` is raised.
+    * ``threads``: worker threads of the kernels and of hashing (default: all CPUs).
     * ``kv``: ``"int8"`` (K int8, V int4 group-wise) or ``"float"`` (reference).
     * ``kernels``: ``"numpy"``, ``"native"`` or None (``$EDGEPACK_KERNELS``, else auto).
     * ``activations``: ``"int8"`` (dynamic int8 activations into quantized matmuls, the
@@ -84,18 +95,26 @@ def open(
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if activations not in ACT_MODES:
         raise ValueError(f"activations must be one of {ACT_MODES}, got {activations!r}")
-    keys = _load_keys(trusted_keys)
+    check_threshold(threshold)
+    keys = load_trusted_keys(trusted_keys)
     if keys is not None and verify == "none":
         raise ValueError("trusted_keys given with verify='none': nothing would check them")
+    if keys is None:
+        _log.warning(
+            unchecked_signature_warning(f"{path}", require_signature=require_signature)
+        )
     kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
     pkg = Package.open(path, capabilities=runtime_capabilities())
     try:
         if verify == "full":
             pkg.verify(keys, threshold=threshold)
-        elif verify == "signature" and keys is not None:
-            verify_signature_block(
-                pkg.signature_block(), pkg.preamble.header_digest, keys, threshold
-            )
+        elif verify == "signature":
+            if keys is not None:
+                verify_signature_block(
+                    pkg.signature_block(), pkg.preamble.header_digest, keys, threshold
+                )
+            how = check_weights(pkg, integrity_records, threads)
+            _log.debug("weights of %s: %s", path, how)
         arch = pkg.header.identity.architecture
         if arch != "llama":
             problem = CompatibilityProblem(
@@ -114,7 +133,8 @@ def open(
     return Model(pkg, cfg, weights, k, kv_config, activations, prefill_chunk)
 
 
-def _load_keys(trusted_keys: Iterable[Any] | None) -> list[Any] | None:
+def load_trusted_keys(trusted_keys: Iterable[Any] | None) -> list[Any] | None:
+    """Public key objects from objects or ``.pub`` paths (None: no keys given)."""
     if trusted_keys is None:
         return None
     out = []

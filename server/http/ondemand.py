@@ -110,7 +110,7 @@ class OnDemandDeltas:
 
     def target(self, path: str) -> tuple[str, int] | None:
         """(sha256, length) of an on-demand delta by its target-style path."""
-        m = _PAIR_PATH.match(path)
+        m = _PAIR_PATH.fullmatch(path)
         if m is None:
             return None
         ref = self._stored((m[1], m[2]), path.split("/", 1)[0])

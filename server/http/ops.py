@@ -95,7 +95,7 @@ class AccessLog:
             return
         started = time.perf_counter()
         sent_id = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
-        request_id = sent_id if _REQUEST_ID.match(sent_id) else uuid.uuid4().hex
+        request_id = sent_id if _REQUEST_ID.fullmatch(sent_id) else uuid.uuid4().hex
         noted: dict[str, Any] = {}
         scope.setdefault("state", {})["access"] = noted
         status, sent = 0, 0

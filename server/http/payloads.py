@@ -78,7 +78,7 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
         return None  # another unit: ignored
     if "," in header:
         return None  # several ranges: the whole object
-    m = _RANGE.match(header)
+    m = _RANGE.fullmatch(header)
     if m is None or (m[1] == "" and m[2] == ""):
         raise Unsatisfiable(header)
     if m[1] == "":  # suffix: the last n bytes

@@ -52,7 +52,7 @@ _HASHED = re.compile(r"^(?:.*/)?([0-9a-f]{64})\.[^/]+$")
 
 def target_object_key(url_path: str) -> str | None:
     """``targets/<dir>/<sha256>.<name>`` (or without ``targets/``) -> object key."""
-    m = _HASHED.match(url_path)
+    m = _HASHED.fullmatch(url_path)
     return object_key(m[1]) if m else None
 
 

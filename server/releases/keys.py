@@ -5,8 +5,10 @@ Layout (default ``./edgepack-keys/``)::
     <role>-<keyid[:16]>.key   Ed25519 private key, PKCS#8 PEM, mode 0600
     <role>-<keyid[:16]>.pub   its public key (SubjectPublicKeyInfo PEM)
     retired/                  keys rotated out (kept, never used to sign again)
-    state/<store id>.json     per store: the pinned root (version, sha256) and the
-                              highest metadata versions seen, to detect rollbacks
+    state/repo-<id>.json      per repository (its id: the SHA-256 of its first root, so
+                              no path or URL spelling changes it): the pinned root
+                              (version, sha256) and the highest metadata versions
+                              seen, to detect rollbacks
 
 The file name is for people; which role a key signs for is decided by the store's
 root metadata (matched by key id), so one directory can serve several repositories
@@ -122,28 +124,60 @@ class KeyRing:
             return None
         return CryptoSigner(key, SSlibKey.from_crypto(key.public_key()))
 
-    # -- per-store state -----------------------------------------------------------------
-    def _state_path(self, store_url: str) -> Path:
+    # -- per-repository state ------------------------------------------------------------
+    def _state_path(self, repository_id: str) -> Path:
+        return self.directory / "state" / f"repo-{repository_id[:32]}.json"
+
+    def _legacy_state_path(self, store_url: str) -> Path:
+        """Where edgepack before repository ids kept the state: by the literal URL."""
         sid = hashlib.sha256(store_url.encode()).hexdigest()[:16]
         return self.directory / "state" / f"{sid}.json"
 
-    def load_state(self, store_url: str) -> dict[str, Any]:
+    def load_state(self, repository_id: str, *, legacy_url: str | None = None) -> dict[str, Any]:
+        """The trusted state of the repository ``repository_id`` (see
+        :func:`~.metadata.repository_id`), whatever URL or path spelling reached it.
+
+        Migration: with no state under the id yet, the state an older edgepack recorded
+        under ``legacy_url`` (the literal store URL) is adopted, and saved under the id on
+        the next commit."""
+        data = self._read_state(self._state_path(repository_id))
+        if data is not None:
+            return data if data.get("repository_id") == repository_id else {}
+        if legacy_url is not None:
+            old = self._read_state(self._legacy_state_path(legacy_url))
+            if old is not None and old.get("url") == legacy_url:
+                log.info("adopting the state recorded for %s", legacy_url)
+                return {k: v for k, v in old.items() if k != "url"}
+        return {}
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Every repository state this directory holds, by repository id."""
+        out = {}
+        for path in sorted((self.directory / "state").glob("repo-*.json")):
+            data = self._read_state(path)
+            if data is not None and isinstance(data.get("repository_id"), str):
+                out[data["repository_id"]] = data
+        return out
+
+    def _read_state(self, path: Path) -> dict[str, Any] | None:
         try:
-            data = json.loads(self._state_path(store_url).read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
-            return {}
+            return None
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable state file: %s", exc)
-            return {}
-        return data if isinstance(data, dict) and data.get("url") == store_url else {}
+            return None
+        return data if isinstance(data, dict) else None
 
-    def save_state(self, store_url: str, state: dict[str, Any]) -> None:
+    def save_state(self, repository_id: str, state: dict[str, Any]) -> None:
         """Best effort: a read-only keys directory only loses rollback detection."""
-        path = self._state_path(store_url)
+        path = self._state_path(repository_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**state, "url": store_url}, indent=2, sort_keys=True))
+            tmp.write_text(
+                json.dumps({**state, "repository_id": repository_id}, indent=2, sort_keys=True)
+            )
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("could not record repository state in %s: %s", path.parent, exc)

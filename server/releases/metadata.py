@@ -55,6 +55,8 @@ __all__ = [
     "metafile_for",
     "new_root",
     "parse",
+    "renewal_advice",
+    "repository_id",
     "root_key",
     "serialize",
     "sign",
@@ -89,6 +91,23 @@ def root_key(version: int | None = None) -> str:
 
 
 TIMESTAMP_KEY = f"{METADATA_PREFIX}timestamp.json"
+
+
+def repository_id(first_root_bytes: bytes) -> str:
+    """A repository's identity: the SHA-256 (hex) of its first root, ``1.root.json``.
+
+    Written create-only by ``repo init`` and never changed (later roots are new files),
+    so every path, symlink or URL spelling of a store, and every copy of it, has the
+    same id; repositories made before ids existed have one too, with nothing to
+    migrate in the store. The keys directory keys its trusted state by it."""
+    return hashlib.sha256(first_root_bytes).hexdigest()
+
+
+def renewal_advice(role: str) -> str:
+    """The command that re-signs ``role``'s metadata with a new expiry."""
+    if role == Root.type:
+        return "run `edgepack repo renew-root` (needs the root keys)"
+    return "run `edgepack repo refresh`"
 
 
 # ----------------------------------------------------------------------- policy

@@ -63,7 +63,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def check_name(kind: str, name: str) -> str:
     """Model and channel names become path segments: keep them plain."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(
             f"{kind} name {name!r} must be 1-128 of letters, digits, '.', '_', '-' "
             "(starting with a letter or digit)"

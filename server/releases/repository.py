@@ -14,8 +14,13 @@ never exposes a half-published release:
    one, and every file either set references was written before it. A lost swap
    means another writer committed first; the operation re-reads and tries again.
 
-The keys directory (never the store) holds the signing keys and, per store, the pinned
-root and the highest metadata versions seen (rollback detection on the publisher side).
+The keys directory (never the store) holds the signing keys and, per repository, the
+pinned root and the highest metadata versions seen (rollback detection on the publisher
+side). That state is keyed by the repository's id (:func:`~.metadata.repository_id`, the
+digest of its first root), never by the store's URL, so no path spelling (symlink, ``..``,
+trailing slash) or URL form escapes it. A store whose first root is unknown to the keys
+directory but shares keys with a repository it knows is refused: that is a replaced
+``1.root.json`` presenting a "new" repository to escape the recorded state.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ from .metadata import (
     metafile_for,
     new_root,
     parse,
+    renewal_advice,
+    repository_id,
     root_key,
     serialize,
     sign,
@@ -165,6 +172,7 @@ class ReleaseRepository:
         self.keys = keys
         self.clock = clock
         self.commit_attempts = commit_attempts
+        self._repository_id: str | None = None
 
     # ================================================================ reading
     def initialized(self) -> bool:
@@ -223,6 +231,7 @@ class ReleaseRepository:
             trusted = md.signed
         else:
             trusted = verify_first_root(md, root_key(start))
+            self._check_not_impostor(trusted)
         version = start
         while True:
             try:
@@ -234,9 +243,39 @@ class ReleaseRepository:
             data, version = nxt, version + 1
         return md, data
 
-    # -- per-store state in the keys directory -----------------------------------------
+    # -- per-repository state in the keys directory ------------------------------------
+    def repository_id(self) -> str:
+        """This store's repository id (read once from ``1.root.json``)."""
+        if self._repository_id is None:
+            try:
+                data = self.store.get_bytes(root_key(1), max_length=_METADATA_MAX)[0]
+            except ObjectNotFoundError:
+                raise RepositoryError(f"{self.store.url}: {root_key(1)} is missing") from None
+            self._repository_id = repository_id(data)
+        return self._repository_id
+
     def _state(self) -> dict[str, Any]:
-        return self.keys.load_state(self.store.url) if self.keys else {}
+        if self.keys is None:
+            return {}
+        return self.keys.load_state(self.repository_id(), legacy_url=self.store.url)
+
+    def has_trusted_state(self) -> bool:
+        """Whether rollbacks are checked against versions recorded earlier."""
+        return bool(self._state())
+
+    def _check_not_impostor(self, root: Root) -> None:
+        """On first use of a repository id, refuse a root sharing keys with a known one."""
+        if self.keys is None:
+            return
+        mine = set(root.keys)
+        for other_id, state in self.keys.states().items():
+            if other_id != self.repository_id() and mine & set(state.get("keyids", ())):
+                raise RollbackError(
+                    f"{self.store.url}: its first root ({root_key(1)}) is not the one recorded "
+                    f"for the repository its keys belong to ({other_id[:16]} in "
+                    f"{self.keys.directory}): the store's root was replaced",
+                    role="root",
+                )
 
     def _check_recorded(self, repo: VerifiedRepository) -> None:
         state = self._state()
@@ -260,7 +299,9 @@ class ReleaseRepository:
             state[f"{role}_version"] = max(int(state.get(f"{role}_version", 0)), version)
         state["root_version"] = versions["root"]
         state["root_sha256"] = hashlib.sha256(root_bytes).hexdigest()
-        self.keys.save_state(self.store.url, state)
+        root = parse(root_bytes, Root.type, root_key(versions["root"])).signed
+        state["keyids"] = sorted(set(state.get("keyids", ())) | set(root.keys))
+        self.keys.save_state(self.repository_id(), state)
 
     def _keys(self) -> KeyRing:
         if self.keys is None:
@@ -319,6 +360,7 @@ class ReleaseRepository:
             versioned_key(Snapshot.type, 1), snapshot_bytes, if_absent=True, content_type=_JSON
         )
         self.store.put_bytes(TIMESTAMP_KEY, ts_bytes, if_absent=True, content_type=_JSON)
+        self._repository_id = repository_id(root_bytes)
         self._record({r: 1 for r in ROLES}, root_bytes)
         return self.load()
 
@@ -652,6 +694,27 @@ class ReleaseRepository:
                 new_snapshot=role in (Targets.type, Snapshot.type),
                 extra_signers={role: fresh_signers},
             )
+        self._write_root(repo, new, root_bytes)
+        keys.retire(old_ids)
+        log.info("root v%d: %s keys rotated", new.version, role)
+        return new
+
+    def renew_root(self) -> Root:
+        """Re-issue the root with the same keys and a new expiry (version n+1, signed by
+        a threshold of the root keys): what renews an expiring or expired root.
+        ``refresh`` never does, as it runs unattended with the online keys only."""
+        keys = self._keys()
+        repo = self.load()
+        new = copy.deepcopy(repo.root)
+        new.version += 1
+        new.expires = self.clock() + repo.policy.lifetime(Root.type)
+        root_md = sign(new, keys.require(repo.root, Root.type))
+        verify_root_update(repo.root, root_md, "the renewed root")
+        self._write_root(repo, new, serialize(root_md))
+        log.info("root v%d: renewed until %s", new.version, format_time(new.expires))
+        return new
+
+    def _write_root(self, repo: VerifiedRepository, new: Root, root_bytes: bytes) -> None:
         try:
             self.store.put_bytes(
                 root_key(new.version), root_bytes, if_absent=True, content_type=_JSON
@@ -662,13 +725,12 @@ class ReleaseRepository:
                 "rotation?); nothing was changed"
             ) from None
         self.store.put_bytes(root_key(), root_bytes, content_type=_JSON)
-        keys.retire(old_ids)
         self._record({**repo.versions(), "root": new.version}, root_bytes)
-        log.info("root v%d: %s keys rotated", new.version, role)
-        return new
 
     def refresh(self, *, force: bool = False) -> dict[str, int]:
-        """Re-sign what expires within half its lifetime (timestamp always)."""
+        """Re-sign what expires within half its lifetime (timestamp always). The root is
+        left alone (its keys may be offline): a warning says when it needs
+        :meth:`renew_root`."""
         now = self.clock()
 
         def attempt(repo: VerifiedRepository) -> dict[str, int]:
@@ -678,6 +740,12 @@ class ReleaseRepository:
                 return force or md.signed.expires - now < policy.lifetime(role) / 2
 
             targets_due = due(Targets.type, repo.targets_md)
+            if repo.root.expires - now < policy.lifetime(Root.type) / 2:
+                log.warning(
+                    "root metadata expires at %s: %s",
+                    format_time(repo.root.expires),
+                    renewal_advice(Root.type),
+                )
             return self._commit(
                 repo,
                 targets=repo.editable_targets() if targets_due else None,
@@ -689,11 +757,24 @@ class ReleaseRepository:
     # ================================================================ checking
     def verify(self, *, deep: bool = False) -> list[str]:
         """Problems found: expired metadata, targets whose bytes are missing, of the
-        wrong size or (``deep``) the wrong hash, releases listing unknown deltas."""
+        wrong size or (``deep``) the wrong hash, releases listing unknown deltas, a
+        ``root.json`` that is not the newest root. With a keys directory, versions below
+        those recorded there are a :class:`RollbackError` and what verified is recorded;
+        without one a rollback to older, validly signed metadata cannot be seen."""
         repo = self.load()
         problems = [
-            f"{role} metadata expired at {format_time(when)}" for role, when in self.expired(repo)
+            f"{role} metadata expired at {format_time(when)} ({renewal_advice(role)})"
+            for role, when in self.expired(repo)
         ]
+        try:
+            latest_copy = self.store.get_bytes(root_key(), max_length=_METADATA_MAX)[0]
+        except ObjectNotFoundError:
+            latest_copy = None
+        if latest_copy != repo.root_bytes:
+            problems.append(
+                f"{root_key()} is {'missing' if latest_copy is None else 'not a copy of'} the "
+                f"newest root ({root_key(repo.root.version)})"
+            )
         for path, target in sorted(repo.targets.targets.items()):
             sha = target.hashes.get("sha256", "")
             try:
@@ -717,6 +798,8 @@ class ReleaseRepository:
             for delta in release.deltas:
                 if delta.path not in repo.targets.targets:
                     problems.append(f"{release.path}: delta {delta.path} is not a target")
+        if not problems:
+            self._record(repo.versions(), repo.root_bytes)
         return problems
 
 

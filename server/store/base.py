@@ -51,7 +51,7 @@ _KEY_PART = re.compile(r"^[A-Za-z0-9._+=@-]+$")
 
 def object_key(sha256_hex: str) -> str:
     """The key of the content-addressed object with this SHA-256."""
-    if not _HEX64.match(sha256_hex):
+    if not _HEX64.fullmatch(sha256_hex):
         raise ValueError(f"not a lowercase hex SHA-256: {sha256_hex!r}")
     return OBJECTS_PREFIX + sha256_hex
 
@@ -61,7 +61,7 @@ def check_key(key: str) -> str:
     if not key or len(key) > 1024 or key.startswith("/") or key.endswith("/"):
         raise ValueError(f"invalid store key {key!r}")
     for part in key.split("/"):
-        if part in ("", ".", "..") or not _KEY_PART.match(part) or part.startswith(".tmp"):
+        if part in ("", ".", "..") or not _KEY_PART.fullmatch(part) or part.startswith(".tmp"):
             raise ValueError(f"invalid store key {key!r}")
     return key
 
