@@ -21,9 +21,12 @@ from .options import (
 
 
 def _log_to_stderr(verbose: bool) -> None:
+    log = logging.getLogger("edgepack")
+    for h in [h for h in log.handlers if getattr(h, "_edgepack_run", False)]:
+        log.removeHandler(h)  # an earlier in-process run's, bound to an old stderr
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("edgepack")
+    handler._edgepack_run = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it

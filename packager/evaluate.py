@@ -165,13 +165,13 @@ def evaluate(
         raise ValueError("ctx must be at least 4 tokens")
     text = default_eval_text() if text is None else text
     t0 = time.perf_counter()
-    model = open_model(package, kv=kv, activations=activations, kernels=kernels, threads=threads)
+    # a measurement of the developer's own packages: no signature to check (no warning)
+    opts = {"kernels": kernels, "threads": threads, "verify": "none"}
+    model = open_model(package, kv=kv, activations=activations, **opts)
     ref_model = None
     try:
         if ref is not None:
-            ref_model = open_model(
-                ref, kv=kv, activations="float", kernels=kernels, threads=threads
-            )
+            ref_model = open_model(ref, kv=kv, activations="float", **opts)
         tokens, bos = tokenize_for_eval(model, text)
         n_chunks = len(tokens) // ctx
         if chunks is not None:

@@ -100,7 +100,8 @@ def compare_packages(
     isolated: bool = False,
 ) -> CompareReport:
     """Run both packages on ``text`` (tokenized with A's tokenizer, first ``max_tokens``)."""
-    opts = {"kernels": kernels, "threads": threads}
+    # a developer's measurement of two packages, not a device loading one: nothing to warn
+    opts = {"kernels": kernels, "threads": threads, "verify": "none"}
     with open_model(path_a, kv=kv_a, activations=activations_a, **opts) as a:
         ids = a.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
         ids = ids[:max_tokens]
