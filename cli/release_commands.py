@@ -1,5 +1,5 @@
-"""Release commands: ``repo init|rotate-key|refresh|verify``, ``publish``, ``releases``,
-``promote``.
+"""Release commands: ``repo init|rotate-key|renew-root|refresh|verify``, ``publish``,
+``releases``, ``promote``.
 
 Keys live in ``--keys-dir`` (default ``./edgepack-keys``, or ``$EDGEPACK_KEYS_DIR``),
 never in the store. ``--store`` may come from ``$EDGEPACK_STORE``; S3 endpoints and
@@ -228,6 +228,20 @@ def repo_rotate_key(
     return EXIT_OK
 
 
+@repo.command("renew-root")
+@store_option
+@endpoint_option
+@_keys_option
+@_verbose_option
+def repo_renew_root(store_url: str, endpoint_url: str | None, keys_dir: str, verbose: bool) -> int:
+    """Re-sign the root (same keys) with a new expiry: needs the root keys."""
+    _setup_logging(verbose)
+    rr = _open(store_url, endpoint_url, keys_dir)
+    root = rr.renew_root()
+    click.echo(f"renewed the root of {rr.store.url}: v{root.version}, expires {root.expires}")
+    return EXIT_OK
+
+
 @repo.command("refresh")
 @store_option
 @endpoint_option
@@ -237,7 +251,8 @@ def repo_rotate_key(
 def repo_refresh(
     store_url: str, endpoint_url: str | None, keys_dir: str, force: bool, verbose: bool
 ) -> int:
-    """Re-sign the timestamp (and what is near expiry): run it from cron."""
+    """Re-sign the timestamp (and what is near expiry): run it from cron. The root is
+    renewed by `repo renew-root` (its keys may be offline)."""
     _setup_logging(verbose)
     rr = _open(store_url, endpoint_url, keys_dir)
     versions = rr.refresh(force=force)
@@ -248,19 +263,33 @@ def repo_refresh(
 @repo.command("verify")
 @store_option
 @endpoint_option
+@_keys_option
 @click.option("--deep", is_flag=True, help="Also hash every object (reads all bytes).")
 @_verbose_option
-def repo_verify(store_url: str, endpoint_url: str | None, deep: bool, verbose: bool) -> int:
-    """Check signatures, expiry, and that every target's bytes are in the store."""
+def repo_verify(
+    store_url: str, endpoint_url: str | None, keys_dir: str, deep: bool, verbose: bool
+) -> int:
+    """Check signatures, expiry, root.json, that every target's bytes are in the store
+    and, against the versions recorded in --keys-dir (when it exists), rollbacks."""
+    from pathlib import Path
+
     _setup_logging(verbose)
-    rr = _open(store_url, endpoint_url, None)
+    rr = _open(store_url, endpoint_url, keys_dir if Path(keys_dir).is_dir() else None)
+    checked = rr.keys is not None and rr.has_trusted_state()
     problems = rr.verify(deep=deep)
     if problems:
         click.echo(
             f"{len(problems)} problem(s) in {rr.store.url}: " + "; ".join(problems), err=True
         )
         return EXIT_CORRUPT
-    click.echo(f"OK {rr.store.url}: metadata verifies, every target is present")
+    rollback = (
+        f"no rollback below the versions recorded in {keys_dir}"
+        if checked
+        else f"rollback NOT checked (no state recorded in {keys_dir} yet; versions now recorded)"
+        if rr.keys is not None
+        else f"rollback NOT checked (no keys directory {keys_dir} with recorded versions)"
+    )
+    click.echo(f"OK {rr.store.url}: metadata verifies, every target is present; {rollback}")
     return EXIT_OK
 
 
@@ -382,7 +411,7 @@ def releases(
     channel: str | None,
 ) -> int:
     """List releases: channel, version, rollout, size, hash, deltas, requirements."""
-    from edgepack.server.releases.metadata import format_time
+    from edgepack.server.releases.metadata import format_time, renewal_advice
 
     _setup_logging(False)
     rr = _open(store_url, endpoint_url, None)
@@ -415,7 +444,7 @@ def releases(
     for role, when in expired:
         click.echo(
             f"warning: {role} metadata expired at {format_time(when)}: clients will "
-            "refuse it (run `edgepack repo refresh`)",
+            f"refuse it ({renewal_advice(role)})",
             err=True,
         )
     click.echo(
