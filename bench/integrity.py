@@ -5,9 +5,13 @@ of ``--runs``:
 
 * ``verify_weights`` (SHA-256 of every tensor) on 1 thread and on all CPUs, with a warm
   page cache and with the file's pages dropped first (``POSIX_FADV_DONTNEED``);
+* the CPU time of one all-CPU hash (what it costs on a machine shared with other work);
 * ``runtime_shim.open`` with ``verify="none"`` (no hashing: the lower bound), the
   default ``"signature"`` (signature + every tensor hashed) and ``"signature"`` with a
-  valid integrity record (signature only), warm cache, numpy kernels.
+  valid integrity record (signature only), warm cache, numpy kernels;
+* open + the first token of a short prompt (default kernels), unverified: the work a
+  background or on-first-touch check could overlap with (every layer runs for the first
+  token, so either must hash every tensor before it anyway).
 
     python bench/integrity.py PACKAGE --trusted-key NAME.pub [--runs 5]
 """
@@ -69,6 +73,9 @@ def main() -> None:
                 f"verify_weights, {threads} thread(s): warm {warm:.1f} ms "
                 f"({nbytes / warm / 1e6:.2f} GB/s), cold {cold:.1f} ms"
             )
+        cpu0 = time.process_time()
+        verify_weights(pkg, cpus)
+        print(f"verify_weights CPU time: {(time.process_time() - cpu0) * 1000:.1f} ms")
 
     def opened(**kw: object) -> None:
         runtime_shim.open(path, kernels="numpy", **kw).close()
@@ -80,6 +87,13 @@ def main() -> None:
         recorded = _median_ms(
             lambda: opened(trusted_keys=[key], integrity_records=records), runs
         )
+
+    def first_token() -> None:
+        with runtime_shim.open(path, verify="none") as model:
+            list(model.generate("The capital of France is", max_tokens=1))
+
+    ttft = _median_ms(first_token, runs)
+    print(f"open + first token, unverified: {ttft:.1f} ms")
     print(
         f"runtime_shim.open: verify=none {none:.1f} ms, signature {hashed:.1f} ms "
         f"(+{hashed - none:.1f} ms), signature with a record {recorded:.1f} ms"
