@@ -19,8 +19,14 @@ from edgepack.format import (
     generate_keypair,
     load_private_key,
 )
-from edgepack.format.errors import InvalidThresholdError
-from edgepack.runtime_shim import integrity
+
+
+@pytest.fixture(scope="module")
+def integrity():
+    """The module under test, imported here so each test fails on its own before it."""
+    from edgepack.runtime_shim import integrity
+
+    return integrity
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,7 @@ def test_tampered_weights_are_refused_in_the_default_mode(signed, tmp_path: Path
         rt.open(bad, trusted_keys=[pub], kernels="numpy")
 
 
-def test_verify_weights_hashes_every_tensor_on_several_threads(signed) -> None:
+def test_verify_weights_hashes_every_tensor_on_several_threads(integrity, signed) -> None:
     pkg, _ = signed
     with Package.open(pkg) as p:
         total = sum(t.nbytes for t in p.header.tensors)
@@ -62,7 +68,9 @@ def test_verify_weights_hashes_every_tensor_on_several_threads(signed) -> None:
         assert integrity.verify_weights(p, threads=1) == total
 
 
-def test_a_record_skips_rehashing_only_while_the_file_is_unchanged(signed, tmp_path) -> None:
+def test_a_record_skips_rehashing_only_while_the_file_is_unchanged(
+    integrity, signed, tmp_path: Path
+) -> None:
     src, pub = signed
     pkg = tmp_path / "installed.epk"
     pkg.write_bytes(src.read_bytes())
@@ -80,7 +88,7 @@ def test_a_record_skips_rehashing_only_while_the_file_is_unchanged(signed, tmp_p
         rt.open(pkg, trusted_keys=[pub], kernels="numpy", integrity_records=records)
 
 
-def test_a_record_others_can_write_is_ignored(signed, tmp_path: Path) -> None:
+def test_a_record_others_can_write_is_ignored(integrity, signed, tmp_path: Path) -> None:
     src, pub = signed
     records = tmp_path / "records"
     integrity.record_verified(src, [pub], records)
@@ -91,7 +99,7 @@ def test_a_record_others_can_write_is_ignored(signed, tmp_path: Path) -> None:
         assert integrity.check_weights(p, records) == "hashed"
 
 
-def test_a_record_needs_a_verified_signature(signed, tmp_path: Path) -> None:
+def test_a_record_needs_a_verified_signature(integrity, signed, tmp_path: Path) -> None:
     src, _ = signed
     _, other = generate_keypair(tmp_path / "other")
     with pytest.raises(SignatureError):
@@ -111,6 +119,8 @@ def test_no_trusted_key_logs_one_warning_or_fails_when_required(signed, caplog) 
 
 @pytest.mark.parametrize("threshold", [0, -1])
 def test_a_threshold_below_one_is_a_typed_error(signed, threshold: int) -> None:
+    from edgepack.format.errors import InvalidThresholdError
+
     pkg, pub = signed
     with pytest.raises(InvalidThresholdError):
         rt.open(pkg, trusted_keys=[pub], threshold=threshold, kernels="numpy")

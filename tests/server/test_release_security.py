@@ -20,7 +20,7 @@ from edgepack.cli.exit_codes import EXIT_CORRUPT, EXIT_OK, EXIT_SIGNATURE
 from edgepack.format import parse_semver
 from edgepack.server.errors import ReleasePolicyError, RollbackError
 from edgepack.server.releases.keys import KeyRing
-from edgepack.server.releases.metadata import RepoPolicy, repository_id, serialize
+from edgepack.server.releases.metadata import RepoPolicy, serialize
 from edgepack.server.releases.model import check_name
 from edgepack.server.releases.repository import ReleaseRepository
 from edgepack.server.store import check_key, object_key, open_store
@@ -80,6 +80,8 @@ def test_rollback_is_refused_through_every_form_of_an_s3_url(
 
 
 def test_the_state_is_keyed_by_the_first_root_and_old_state_is_adopted(tmp_path: Path) -> None:
+    from edgepack.server.releases.metadata import repository_id
+
     store = open_store(tmp_path / "store")
     keys = KeyRing(tmp_path / "keys")
     repo = ReleaseRepository(store, keys)
