@@ -39,6 +39,7 @@ def _table() -> dict[type[BaseException], int]:
         EdgepackError,
         EncodingError,
         IncompatiblePackageError,
+        InvalidThresholdError,
         SignatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
@@ -61,6 +62,7 @@ def _table() -> dict[type[BaseException], int]:
         SignatureError: EXIT_SIGNATURE,
         IncompatiblePackageError: EXIT_INCOMPATIBLE,
         EncodingError: EXIT_USAGE,
+        InvalidThresholdError: EXIT_USAGE,
         # packager
         ImportModelError: EXIT_CORRUPT,
         InputError: EXIT_USAGE,

@@ -4,22 +4,15 @@ verify/patch say so in one line or (`--require-signature`) exit 4."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from deltafactory import mutate, random_spec, write_spec
+from test_delta_cli import run
 from tinymodel import write_tiny_llama
 
 from edgepack.format import Package
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edgepack.cli", *args], capture_output=True, text=True
-    )
 
 
 @pytest.fixture(scope="module")
