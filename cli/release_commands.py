@@ -235,10 +235,13 @@ def repo_rotate_key(
 @_verbose_option
 def repo_renew_root(store_url: str, endpoint_url: str | None, keys_dir: str, verbose: bool) -> int:
     """Re-sign the root (same keys) with a new expiry: needs the root keys."""
+    from edgepack.server.releases.metadata import format_time
+
     _setup_logging(verbose)
     rr = _open(store_url, endpoint_url, keys_dir)
     root = rr.renew_root()
-    click.echo(f"renewed the root of {rr.store.url}: v{root.version}, expires {root.expires}")
+    expires = format_time(root.expires)
+    click.echo(f"renewed the root of {rr.store.url}: v{root.version}, expires {expires}")
     return EXIT_OK
 
 
