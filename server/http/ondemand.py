@@ -151,6 +151,13 @@ class OnDemandDeltas:
                 return running
             if not self._take_lease(pair):
                 return None
+            if self._stored(pair, target.model) is not None:
+                # another replica stored the record and released its lease between our
+                # look-up and our lease: computing again would waste a pair's work
+                self._release_lease(pair)
+                finished = threading.Event()
+                finished.set()
+                return finished
             done = self._running[pair] = threading.Event()
         threading.Thread(
             target=self._compute, args=(base, target, done), name="edgepack-delta", daemon=True
@@ -182,6 +189,12 @@ class OnDemandDeltas:
             return True
         except ConcurrentUpdateError:
             return False
+
+    def _release_lease(self, pair: tuple[str, str]) -> None:
+        try:
+            self.store.delete(lease_key(*pair))
+        except Exception:
+            log.warning("could not release the lease of %s", lease_key(*pair))
 
     def _compute(self, base: ReleaseInfo, target: ReleaseInfo, done: threading.Event) -> None:
         pair = (base.sha256, target.sha256)
@@ -218,10 +231,7 @@ class OnDemandDeltas:
         except Exception:
             log.exception("on-demand delta %s -> %s failed", base.version, target.version)
         finally:
-            try:
-                self.store.delete(lease_key(*pair))
-            except Exception:
-                log.warning("could not release the lease of %s", lease_key(*pair))
+            self._release_lease(pair)
             with self._lock:
                 self._running.pop(pair, None)
             done.set()
