@@ -19,7 +19,7 @@ from .options import output_option, sign_key_option, threshold_option, trusted_k
 @click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False))
-@output_option("Delta to write (.epkd).")
+@output_option("Delta to write (.epkd).", inputs=("old", "new"))
 @sign_key_option("the delta")
 @click.option(
     "--level",
@@ -54,7 +54,7 @@ def diff(
 @click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("delta", type=click.Path(exists=True, dir_okay=False))
-@output_option("Package to write.")
+@output_option("Package to write.", inputs=("old", "delta"))
 @trusted_key_option("Public key (NAME.pub) the delta must be signed by; repeatable.")
 @threshold_option
 def patch(old: str, delta: str, out: str, trusted_keys: tuple[str, ...], threshold: int) -> int:

@@ -39,9 +39,12 @@ def _table() -> dict[type[BaseException], int]:
         EdgepackError,
         EncodingError,
         IncompatiblePackageError,
+        OutputPathError,
         SignatureError,
+        UnsupportedFeatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
+    from edgepack.runtime_shim.errors import InvalidRequestError
     from edgepack.server.errors import (
         ExpiredMetadataError,
         InvalidStoreURLError,
@@ -60,10 +63,14 @@ def _table() -> dict[type[BaseException], int]:
         CorruptPackageError: EXIT_CORRUPT,
         SignatureError: EXIT_SIGNATURE,
         IncompatiblePackageError: EXIT_INCOMPATIBLE,
+        UnsupportedFeatureError: EXIT_INCOMPATIBLE,  # unknown required thing: update
         EncodingError: EXIT_USAGE,
+        OutputPathError: EXIT_USAGE,
         # packager
         ImportModelError: EXIT_CORRUPT,
         InputError: EXIT_USAGE,
+        # runtime
+        InvalidRequestError: EXIT_USAGE,
         # server: stores and release repositories
         StoreError: EXIT_FAILED,
         InvalidStoreURLError: EXIT_USAGE,
@@ -79,6 +86,9 @@ def _table() -> dict[type[BaseException], int]:
         IsADirectoryError: EXIT_USAGE,
         PermissionError: EXIT_USAGE,
         FileExistsError: EXIT_USAGE,
+        NotADirectoryError: EXIT_USAGE,
+        # the environment failed (disk full, read-only filesystem, I/O error)
+        OSError: EXIT_FAILED,
     }
 
 

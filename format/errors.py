@@ -14,6 +14,7 @@ __all__ = [
     "EdgepackError",
     "EncodingError",
     "IncompatiblePackageError",
+    "OutputPathError",
     "SignatureError",
     "TruncatedPackageError",
     "UnsupportedFeatureError",
@@ -49,6 +50,11 @@ class IncompatiblePackageError(EdgepackError):
     def __init__(self, message: str, verdict: object | None = None) -> None:
         super().__init__(message)
         self.verdict = verdict
+
+
+class OutputPathError(EdgepackError):
+    """An output path is unusable: it is one of the inputs, it exists (and overwriting
+    was not asked for), it is not a regular file, or its parent is not a directory."""
 
 
 class EncodingError(EdgepackError):

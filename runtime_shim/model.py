@@ -25,7 +25,7 @@ from edgepack.format.signing import load_public_key, verify_signature_block
 
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
-from .errors import NumericError
+from .errors import InvalidRequestError, NumericError
 from .kernels import (
     Fallback,
     Kernels,
@@ -86,7 +86,7 @@ def open(
         raise ValueError(f"activations must be one of {ACT_MODES}, got {activations!r}")
     keys = _load_keys(trusted_keys)
     if keys is not None and verify == "none":
-        raise ValueError("trusted_keys given with verify='none': nothing would check them")
+        raise InvalidRequestError("trusted keys given with verify none: nothing would check them")
     kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
     pkg = Package.open(path, capabilities=runtime_capabilities())
     try:
@@ -268,7 +268,7 @@ class Model:
         if not tokens:
             raise ValueError("forward needs at least one token")
         if seq.length + len(tokens) > self.config.max_position_embeddings:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"context of {seq.length + len(tokens)} tokens exceeds the model's "
                 f"{self.config.max_position_embeddings}"
             )

@@ -431,6 +431,7 @@ class ReleaseRepository:
     ) -> PublishResult:
         """Verify ``package`` and publish it on ``channel`` at ``rollout`` percent."""
         keys = self._keys()
+        self.store.remove_stale_temporaries()  # what a killed publish left
         _check_name("channel", channel)
         rollout_bp = _rollout_bp(rollout)
         repo = self.load()
