@@ -22,14 +22,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from edgepack.format.output_file import pid_is_running
+
 from ..errors import (
     ConcurrentUpdateError,
     InvalidStoreURLError,
     ObjectNotFoundError,
     StoreError,
 )
-from edgepack.format.output_file import pid_is_running
-
 from .base import CHUNK_SIZE, OBJECTS_PREFIX, ObjectInfo, Store, check_key
 
 __all__ = ["LocalStore"]

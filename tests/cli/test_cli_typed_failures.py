@@ -19,8 +19,8 @@ from deltafactory import mutate, random_spec, write_spec
 from pkgfactory import build_package, replace_header
 
 from edgepack.cli import main
-from edgepack.format import Package
 from edgepack.cli.exit_codes import EXIT_FAILED, EXIT_INCOMPATIBLE, EXIT_OK, EXIT_USAGE
+from edgepack.format import Package
 from edgepack.packager.importers.synthetic import (
     TinyLlamaSpec,
     tiny_llama_weights,

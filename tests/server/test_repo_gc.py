@@ -90,7 +90,7 @@ def test_reusing_an_orphan_makes_it_young(
 def test_gc_refuses_unreadable_metadata(
     repo: tuple[ReleaseRepository, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rr, store_dir = repo
+    _, store_dir = repo
     (store_dir / "metadata/99.targets.json").write_text("garbage")
     capsys.readouterr()
     assert main(["repo", "gc", "--store", str(store_dir), "--delete"]) == EXIT_CORRUPT
