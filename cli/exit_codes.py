@@ -40,8 +40,8 @@ def _table() -> dict[type[BaseException], int]:
         EncodingError,
         IncompatiblePackageError,
         OutputPathError,
+        RequiredFeatureError,
         SignatureError,
-        UnsupportedFeatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
     from edgepack.runtime_shim.errors import InvalidRequestError
@@ -63,7 +63,7 @@ def _table() -> dict[type[BaseException], int]:
         CorruptPackageError: EXIT_CORRUPT,
         SignatureError: EXIT_SIGNATURE,
         IncompatiblePackageError: EXIT_INCOMPATIBLE,
-        UnsupportedFeatureError: EXIT_INCOMPATIBLE,  # unknown required thing: update
+        RequiredFeatureError: EXIT_INCOMPATIBLE,  # well formed: a newer reader is the fix
         EncodingError: EXIT_USAGE,
         OutputPathError: EXIT_USAGE,
         # packager

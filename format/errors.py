@@ -14,6 +14,7 @@ __all__ = [
     "EdgepackError",
     "EncodingError",
     "IncompatiblePackageError",
+    "RequiredFeatureError",
     "OutputPathError",
     "SignatureError",
     "TruncatedPackageError",
@@ -35,6 +36,11 @@ class TruncatedPackageError(CorruptPackageError):
 
 class UnsupportedFeatureError(CorruptPackageError):
     """A required feature of the file (encoding, section kind) is unknown to this reader."""
+
+
+class RequiredFeatureError(UnsupportedFeatureError):
+    """The package lists a ``required_features`` entry this reader does not implement:
+    well formed, and a newer reader is the fix (the CLI exits "incompatible")."""
 
 
 class SignatureError(EdgepackError):
