@@ -3,7 +3,10 @@
 Exit codes are shared by every command (README; the numbers and the one table mapping
 error types to them are in :mod:`.exit_codes`): 0 ok, 2 usage, 3 corrupt or malformed,
 4 signature, 5 incompatible with this runtime, 1 a failed operation or internal error.
-Errors print one line on stderr, never a traceback (set EDGEPACK_DEBUG=1 for one).
+Errors print one line on stderr, never a traceback (set EDGEPACK_DEBUG=1 for one); a
+command given ``--json`` also prints ``{"error": {"type", "message", "exit_code"}}`` on
+stdout. An OS error that reaches here is the environment failing (disk full, read-only
+filesystem): its own line, exit 1, never "internal error".
 """
 
 from __future__ import annotations

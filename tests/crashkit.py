@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["TEMPORARY_PATTERNS", "kill_at", "run_cli", "temporaries"]
 
@@ -33,14 +34,7 @@ def run_cli(
     args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300
 ) -> tuple[int, list[str]]:
     """Run ``edgepack ARGS`` to completion; (exit code, stderr lines)."""
-    r = subprocess.run(
-        [sys.executable, "-m", "edgepack.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(env) if env is not None else None,
-        timeout=timeout,
-    )
+    r = subprocess.run(**_popen_args(args, env), timeout=timeout)
     return r.returncode, r.stderr.splitlines(keepends=True)
 
 
@@ -55,13 +49,7 @@ def kill_at(
 ) -> tuple[int | None, list[str]]:
     """Run ``edgepack ARGS`` and SIGKILL it at ``point``; (exit code or None when killed,
     stderr lines). A process that finishes before the point is reached is not killed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edgepack.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(env) if env is not None else None,
-    )
+    proc = subprocess.Popen(**_popen_args(args, env))
     kind, _, what = point.partition(":")
     lines: list[str] = []
     seen = threading.Event()
@@ -96,6 +84,16 @@ def kill_at(
     rc = proc.wait(timeout=30)
     reader.join(timeout=10)
     return (None if rc == -signal.SIGKILL else rc), lines
+
+
+def _popen_args(args: Sequence[str], env: Mapping[str, str] | None) -> dict[str, Any]:
+    return {
+        "args": [sys.executable, "-m", "edgepack.cli", *args],
+        "stdout": subprocess.DEVNULL,
+        "stderr": subprocess.PIPE,
+        "text": True,
+        "env": dict(env) if env is not None else None,
+    }
 
 
 def temporaries(root: Path) -> list[Path]:

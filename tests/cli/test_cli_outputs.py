@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
-from deltafactory import mutate, random_spec, write_spec
+from deltafactory import write_release_pair
 from pkgfactory import build_package
 
 from edgepack.cli import main
@@ -19,11 +18,7 @@ from edgepack.cli.exit_codes import EXIT_OK, EXIT_USAGE
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("outputs")
-    rng = np.random.default_rng(5)
-    spec = random_spec(rng, 4)
-    write_spec(d / "old.epk", spec)
-    write_spec(d / "new.epk", mutate(spec, rng))
-    assert main(["diff", str(d / "old.epk"), str(d / "new.epk"), "-o", str(d / "d.epkd")]) == 0
+    write_release_pair(d, seed=5)
     return d
 
 

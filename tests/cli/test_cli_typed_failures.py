@@ -13,9 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
-from deltafactory import mutate, random_spec, write_spec
+from deltafactory import write_release_pair
 from pkgfactory import build_package, replace_header
 
 from edgepack.cli import main
@@ -31,11 +30,7 @@ from edgepack.packager.importers.synthetic import (
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("typed")
-    rng = np.random.default_rng(9)
-    spec = random_spec(rng, 4)
-    write_spec(d / "old.epk", spec)
-    write_spec(d / "new.epk", mutate(spec, rng))
-    assert main(["diff", str(d / "old.epk"), str(d / "new.epk"), "-o", str(d / "d.epkd")]) == 0
+    write_release_pair(d, seed=9)
     for layers in (2, 3):
         spec = TinyLlamaSpec(num_hidden_layers=layers, max_position_embeddings=64)
         write_gguf_llama(d / f"l{layers}.gguf", spec, tiny_llama_weights(spec))
