@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from s3server import MotoServer, s3_server  # noqa: F401
 from test_releases import make_pkg
 
 from edgepack.cli import main
@@ -109,3 +111,21 @@ def test_publish_clears_a_killed_publishs_temporaries(
     rr.publish(make_pkg(tmp_path / "d.epk", "1.2.0", seed=4), "beta", delta_count=0)
     assert not stale.exists()
     assert live.exists()
+
+
+def test_s3_objects_have_a_time_and_touch_renews_it(
+    s3_server: MotoServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """gc's grace period needs the object's time; a reused object must look new."""
+    s3_server.create_bucket("edgepack-gc")
+    store = open_store(f"s3://edgepack-gc/{uuid.uuid4().hex[:12]}")
+    info = store.put_object(make_pkg(tmp_path / "s.epk", "1.0.0"))
+    first = store.stat(info.key)
+    assert first is not None and first.modified is not None
+    assert [o.modified for o in store.list("objects/")] == [first.modified]
+    time.sleep(1.1)  # S3 times have one-second resolution
+    store.touch(info.key)
+    again = store.stat(info.key)
+    assert again is not None and again.modified > first.modified
+    assert again.sha256 == first.sha256 and again.size == first.size
