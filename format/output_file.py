@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,7 +29,9 @@ __all__ = [
     "check_output_path",
     "create_partial",
     "pid_is_running",
+    "pid_temporary_directory",
     "remove_stale_partials",
+    "remove_stale_temporary_directories",
 ]
 
 STALE_AGE_SECONDS = 3600.0  # a temporary without a writer pid is stale after an hour
@@ -95,6 +99,27 @@ def pid_is_running(pid: int) -> bool:
         fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
         return fields[0] != b"Z"
     return True
+
+
+def pid_temporary_directory(prefix: str) -> tempfile.TemporaryDirectory[str]:
+    """A scratch directory in the system's temporary directory, named
+    ``<prefix><pid>-<random>`` so :func:`remove_stale_temporary_directories` can tell
+    when its writer is gone."""
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+
+
+def remove_stale_temporary_directories(prefix: str) -> list[Path]:
+    """Delete the :func:`pid_temporary_directory` scratch directories of ``prefix`` whose
+    writer pid is not running on this machine; return them."""
+    removed: list[Path] = []
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            if entry.name.startswith(prefix) and pid.isdigit() and not pid_is_running(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
 
 
 def remove_stale_partials(out: str | os.PathLike[str]) -> list[Path]:

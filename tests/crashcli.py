@@ -14,6 +14,7 @@ Used by tests/cli/test_crash_cli.py (a few seeded trials) and bench/crash_cli.py
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections import Counter
@@ -38,6 +39,9 @@ class Trials:
 
     def __init__(self, work: Path, seed: int) -> None:
         self.work, self.rng = work, random.Random(seed)
+        self.scratch = work / "tmp"  # the commands' TMPDIR: what they leave there shows
+        self.scratch.mkdir()
+        self.env = {**os.environ, "TMPDIR": str(self.scratch)}
         self._setup()
 
     # ----------------------------------------------------------------- inputs
@@ -71,7 +75,7 @@ class Trials:
 
     def _time(self, command: str) -> float:
         start = time.monotonic()
-        rc, lines = run_cli(self._args(command))
+        rc, lines = run_cli(self._args(command), env=self.env)
         assert rc == 0, "".join(lines)
         return time.monotonic() - start
 
@@ -109,13 +113,13 @@ class Trials:
         point = self.point(command, n)
         out_dir = self.work / "out"
         watch = self.store if command == "publish" else out_dir
-        killed, lines = kill_at(self._args(command), point, self.rng, watch=watch)
+        killed, lines = kill_at(self._args(command), point, self.rng, env=self.env, watch=watch)
         assert killed in (None, 0), f"{command} at {point}: exit {killed}: {''.join(lines)}"
         self.CHECKS[command](self)  # after the kill: nothing torn under a final name
-        rc, lines = run_cli(self._args(command))  # the next run of the same command
+        rc, lines = run_cli(self._args(command), env=self.env)  # the next run of the same command
         assert rc == 0, f"{command} after a kill at {point}: {''.join(lines)}"
         self.CHECKS[command](self)
-        left = temporaries(watch)
+        left = temporaries(watch) + sorted(self.scratch.iterdir())
         assert left == [], f"{command} after a kill at {point} left {left}"
         return f"{command} {point.split(':')[0]} {'killed' if killed is None else 'finished'}"
 

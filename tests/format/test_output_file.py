@@ -5,16 +5,20 @@ young one and another target's stay."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from pkgfactory import build_package
 
 from edgepack.format.output_file import (
     STALE_AGE_SECONDS,
     create_partial,
     pid_is_running,
+    pid_temporary_directory,
     remove_stale_partials,
+    remove_stale_temporary_directories,
 )
 
 DEAD_PID = 2**22 + 4321  # above the default pid_max
@@ -43,3 +47,17 @@ def test_a_writer_clears_what_a_killed_writer_of_the_same_path_left(tmp_path: Pa
     os.rename(tmp, tmp.with_name(f".p.epk.{DEAD_PID}-ffff.partial"))  # "killed"
     build_package(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.epk"]
+
+
+def test_scratch_directories_of_dead_writers_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / f"edgepack-publish-{DEAD_PID}-abc"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "delta.epkd").write_bytes(b"x" * 100)
+    other = tmp_path / f"edgepack-promote-{DEAD_PID}-abc"
+    other.mkdir()
+    with pid_temporary_directory("edgepack-publish-") as live:
+        assert remove_stale_temporary_directories("edgepack-publish-") == [dead]
+        assert Path(live).is_dir() and other.is_dir() and not dead.exists()
