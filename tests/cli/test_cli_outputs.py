@@ -119,3 +119,12 @@ def test_the_api_refuses_to_write_over_an_input(tmp_path: Path) -> None:
     with pytest.raises(OutputPathError, match="is the input"):
         apply_delta(tmp_path / "p.epk", tmp_path / "p.epk", tmp_path / "p.epk")
     assert (tmp_path / "p.epk").read_bytes() == before
+
+
+def test_keygen_checks_its_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"x")
+    assert "is not a directory" in _refused(capsys, ["keygen", str(a_file / "rel")], a_file)
+    assert main(["keygen", str(tmp_path / "rel")]) == EXIT_OK
+    key = tmp_path / "rel.key"
+    assert "refusing to overwrite" in _refused(capsys, ["keygen", str(tmp_path / "rel")], key)
