@@ -5,9 +5,10 @@ Every command that writes a file (convert, build, diff, patch, keygen) checks it
 here first, so ``diff -o OLD`` or ``patch -o /dev/full`` cannot replace an input or a
 device. The temporary is named ``.<target>.<pid>-<random>.partial`` in the target's
 directory (the rename onto the target is then atomic, and a reader never sees a torn
-file). Staleness rule: a temporary is stale when the process id in its name is not
-running on this machine, or, for a name without one, when it is older than
-:data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
+file); a scratch directory beside it (``diff``'s trial patch) is named the same way
+with the suffix ``.verify``. Staleness rule: a temporary is stale when the process id
+in its name is not running on this machine, or, for a name without one, when it is
+older than :data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "STALE_AGE_SECONDS",
     "check_output_path",
     "create_partial",
+    "create_scratch_dir",
     "pid_is_running",
     "pid_temporary_directory",
     "remove_stale_partials",
@@ -36,7 +38,8 @@ __all__ = [
 
 STALE_AGE_SECONDS = 3600.0  # a temporary without a writer pid is stale after an hour
 _PARTIAL_SUFFIX = ".partial"
-_PID_PART = re.compile(r"\.(\d+)-[0-9a-f]+\.partial")
+_SCRATCH_SUFFIX = ".verify"  # a directory beside the target (diff's trial patch)
+_PID_PART = re.compile(r"\.(\d+)-[0-9a-z_]+\.(?:partial|verify)")
 _MKSTEMP_PART = re.compile(r"\.[0-9a-z_]{8}\.partial")  # older writers: no pid
 
 
@@ -83,6 +86,13 @@ def create_partial(out: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
     raise FileExistsError(f"cannot create a temporary next to {out}")
+
+
+def create_scratch_dir(out: Path) -> Path:
+    """A scratch directory beside ``out`` (same filesystem, so its disk is the one the
+    output needs), named like the temporary so a killed writer's is cleared too."""
+    prefix = f".{out.name}.{os.getpid()}-"
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=prefix, suffix=_SCRATCH_SUFFIX))
 
 
 def pid_is_running(pid: int) -> bool:
@@ -133,10 +143,14 @@ def remove_stale_partials(out: str | os.PathLike[str]) -> list[Path]:
         return removed
     now = time.time()
     for name in names:
-        if not name.endswith(_PARTIAL_SUFFIX):
+        if not name.endswith((_PARTIAL_SUFFIX, _SCRATCH_SUFFIX)):
             continue
         tmp = path.parent / name
         if not _is_stale(name[len(path.name) + 1 :], tmp, now):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
             continue
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -26,7 +26,7 @@ import hashlib
 import math
 import mmap
 import os
-import tempfile
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -71,6 +71,7 @@ from edgepack.format.layout import tensor_layout
 from edgepack.format.output_file import (
     check_output_path,
     create_partial,
+    create_scratch_dir,
     remove_stale_partials,
 )
 from edgepack.format.signing import build_signature_block
@@ -892,13 +893,11 @@ def _write(
             f.flush()
             os.fsync(f.fileno())
         if opt.verify:
-            check_dir = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.verify.")
+            check_dir = create_scratch_dir(out)
             try:
-                apply_delta(old, tmp, Path(check_dir) / "target.epk")
+                apply_delta(old, tmp, check_dir / "target.epk")
             finally:
-                for p in Path(check_dir).iterdir():
-                    p.unlink()
-                os.rmdir(check_dir)
+                shutil.rmtree(check_dir, ignore_errors=True)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

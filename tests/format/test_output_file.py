@@ -61,3 +61,14 @@ def test_scratch_directories_of_dead_writers_go(
     with pid_temporary_directory("edgepack-publish-") as live:
         assert remove_stale_temporary_directories("edgepack-publish-") == [dead]
         assert Path(live).is_dir() and other.is_dir() and not dead.exists()
+
+
+def test_a_killed_diffs_scratch_directory_goes_with_the_next_diff(tmp_path: Path) -> None:
+    from deltafactory import write_release_pair
+
+    scratch = tmp_path / f".d.epkd.{DEAD_PID}-abc_1234.verify"
+    scratch.mkdir()
+    (scratch / "target.epk").write_bytes(b"half a package")
+    write_release_pair(tmp_path, seed=3)  # writes d.epkd, verifying it in a scratch dir
+    assert not scratch.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.epkd", "new.epk", "old.epk"]
