@@ -23,7 +23,7 @@ from .progress import progress_bars
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).")
+@output_option("Package to write (.epk).", inputs=("src", "recipe", "lut", "calib"))
 @click.option("--recipe", type=click.Path(exists=True, dir_okay=False), help="TOML recipe.")
 @click.option("--target-bpw", type=float, default=None, help="Bits per weight, whole file.")
 @click.option("--target-size", type=int, default=None, help="Bytes of the whole file.")
@@ -141,7 +141,7 @@ def eval_command(
 
 
 @click.command("profile-device")
-@output_option("Latency table to write (JSON, for build --lut).")
+@output_option("Latency table to write (JSON, for build --lut).", inputs=("model",))
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), help="Shapes of this .epk.")
 @kernels_option
 @threads_option

@@ -28,7 +28,10 @@ from .progress import progress_bars
 def keygen(name: str) -> None:
     """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
     from edgepack.format import generate_keypair, key_id, load_public_key
+    from edgepack.format.output_file import check_output_path
 
+    for path in (f"{name}.key", f"{name}.pub"):
+        check_output_path(path, overwrite=True)  # an existing key is refused below
     key_path, pub_path = generate_keypair(name)
     kid = key_id(load_public_key(pub_path)).hex()
     click.echo(f"wrote {key_path} and {pub_path} (key id {kid[:16]})")
@@ -36,7 +39,7 @@ def keygen(name: str) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).")
+@output_option("Package to write (.epk).", inputs=("src",))
 @click.option(
     "--encoding",
     default="f32",

@@ -26,7 +26,7 @@ from .options import (
 @click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False))
-@output_option("Delta to write (.epkd).")
+@output_option("Delta to write (.epkd).", inputs=("old", "new"))
 @sign_key_option("the delta")
 @click.option(
     "--level",
@@ -61,7 +61,7 @@ def diff(
 @click.command()
 @click.argument("old", type=click.Path(exists=True, dir_okay=False))
 @click.argument("delta", type=click.Path(exists=True, dir_okay=False))
-@output_option("Package to write.")
+@output_option("Package to write.", inputs=("old", "delta"))
 @trusted_key_option("Public key (NAME.pub) the delta must be signed by; repeatable.")
 @threshold_option
 @require_signature_option

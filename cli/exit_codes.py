@@ -40,9 +40,12 @@ def _table() -> dict[type[BaseException], int]:
         EncodingError,
         IncompatiblePackageError,
         InvalidThresholdError,
+        OutputPathError,
+        RequiredFeatureError,
         SignatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
+    from edgepack.runtime_shim.errors import InvalidRequestError
     from edgepack.server.errors import (
         ExpiredMetadataError,
         InvalidStoreURLError,
@@ -61,11 +64,15 @@ def _table() -> dict[type[BaseException], int]:
         CorruptPackageError: EXIT_CORRUPT,
         SignatureError: EXIT_SIGNATURE,
         IncompatiblePackageError: EXIT_INCOMPATIBLE,
+        RequiredFeatureError: EXIT_INCOMPATIBLE,  # well formed: a newer reader is the fix
         EncodingError: EXIT_USAGE,
         InvalidThresholdError: EXIT_USAGE,
+        OutputPathError: EXIT_USAGE,
         # packager
         ImportModelError: EXIT_CORRUPT,
         InputError: EXIT_USAGE,
+        # runtime
+        InvalidRequestError: EXIT_USAGE,
         # server: stores and release repositories
         StoreError: EXIT_FAILED,
         InvalidStoreURLError: EXIT_USAGE,
@@ -81,6 +88,9 @@ def _table() -> dict[type[BaseException], int]:
         IsADirectoryError: EXIT_USAGE,
         PermissionError: EXIT_USAGE,
         FileExistsError: EXIT_USAGE,
+        NotADirectoryError: EXIT_USAGE,
+        # the environment failed (disk full, read-only filesystem, I/O error)
+        OSError: EXIT_FAILED,
     }
 
 

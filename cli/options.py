@@ -7,7 +7,9 @@ it). Parameter names are part of the contract: commands receive ``out``, ``sign_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import click
@@ -17,7 +19,9 @@ __all__ = [
     "KERNEL_CHOICES",
     "KV_CHOICE",
     "endpoint_option",
+    "force_option",
     "json_option",
+    "json_requested",
     "kernels_option",
     "kernels_or_none",
     "output_option",
@@ -39,11 +43,34 @@ ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 _KEY_FILE = click.Path(exists=True, dir_okay=False)
 
 
-def output_option(help: str) -> Decorator:
-    """``-o/--output FILE`` (required), passed as ``out``."""
-    return click.option(
-        "-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help=help
-    )
+def output_option(help: str, inputs: tuple[str, ...] = ()) -> Decorator:
+    """``-o/--output FILE`` (required, passed as ``out``) and ``--force``.
+
+    Before the command runs, the output is checked by
+    :func:`edgepack.format.output_file.check_output_path`: it must not be one of the
+    parameters named in ``inputs`` (under any spelling), must not exist unless
+    ``--force``, and must be a regular file in an existing directory."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def checked(*args: Any, force: bool, **kwargs: Any) -> Any:
+            from edgepack.format.output_file import check_output_path
+
+            given = [kwargs[name] for name in inputs if kwargs.get(name) is not None]
+            check_output_path(kwargs["out"], given, overwrite=force)
+            return command(*args, **kwargs)
+
+        checked = force_option(checked)
+        return click.option(
+            "-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help=help
+        )(checked)
+
+    return decorate
+
+
+force_option: Decorator = click.option(
+    "--force", is_flag=True, help="Replace the output if it exists (never an input)."
+)
 
 
 def sign_key_option(what: str) -> Decorator:
@@ -104,9 +131,28 @@ threads_option: Decorator = click.option(
 
 
 
+# Set by ``--json`` as soon as it is parsed (eager), so the entry point prints a failure
+# as a JSON error object too, even one raised while parsing the other options.
+json_requested: ContextVar[bool] = ContextVar("json_requested", default=False)
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        json_requested.set(True)
+    return value
+
+
 def json_option(what: str) -> Decorator:
-    """``--json`` flag, passed as ``as_json``."""
-    return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as JSON.")
+    """``--json`` flag, passed as ``as_json``; on failure the command prints
+    ``{"error": {"type", "message", "exit_code"}}`` on stdout (see :func:`edgepack.cli.main`)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        is_eager=True,
+        callback=_note_json,
+        help=f"Print {what} as JSON (errors too).",
+    )
 
 
 def unchecked_warning(what: str, keys: object, require_signature: bool) -> str | None:

@@ -296,6 +296,43 @@ def repo_verify(
     return EXIT_OK
 
 
+@repo.command("gc")
+@store_option
+@endpoint_option
+@click.option("--delete", is_flag=True, help="Delete what is listed (default: only list).")
+@click.option(
+    "--grace",
+    "grace_hours",
+    default=24.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Keep unreferenced objects younger than this many hours (a publish in flight).",
+)
+@_verbose_option
+def repo_gc(
+    store_url: str, endpoint_url: str | None, delete: bool, grace_hours: float, verbose: bool
+) -> int:
+    """List objects no metadata version references (a lost or killed publish's).
+
+    Never lists an object any targets version still in the store names, nor one written
+    within --grace; --delete removes the listed ones."""
+    from edgepack.server.releases.gc import collect_garbage
+
+    _setup_logging(verbose)
+    rr = _open(store_url, endpoint_url, None)
+    report = collect_garbage(rr.store, delete=delete, grace_seconds=grace_hours * 3600)
+    for info in report.unreferenced:
+        click.echo(f"{'deleted' if delete else 'unreferenced'} {info.key} {_fmt_size(info.size)}")
+    verb = "deleted" if delete else "reclaimable (pass --delete)"
+    click.echo(
+        f"{rr.store.url}: {len(report.unreferenced)} unreferenced object(s), "
+        f"{_fmt_size(report.reclaimable_bytes)} {verb}; {report.referenced} referenced by "
+        f"{report.metadata_versions} targets version(s); {len(report.young)} younger than "
+        f"{grace_hours:g} h kept"
+    )
+    return EXIT_OK
+
+
 # ===================================================================== publish etc.
 
 

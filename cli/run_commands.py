@@ -187,10 +187,14 @@ def compare(
     measure the packages' difference (their weights); --device adds B's runtime
     approximations."""
     from edgepack.runtime_shim.compare import compare_packages
+    from edgepack.runtime_shim.errors import InvalidRequestError
 
     if device:
         kv_b, activations_b = "int8", "auto"
-    text = Path(text_file).read_text(encoding="utf-8")
+    try:
+        text = Path(text_file).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(f"--text {text_file} is not UTF-8 text ({exc.reason})") from None
     report = compare_packages(
         package_a,
         package_b,

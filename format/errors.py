@@ -15,6 +15,8 @@ __all__ = [
     "EncodingError",
     "IncompatiblePackageError",
     "InvalidThresholdError",
+    "OutputPathError",
+    "RequiredFeatureError",
     "SignatureError",
     "TruncatedPackageError",
     "UnsupportedFeatureError",
@@ -37,6 +39,11 @@ class UnsupportedFeatureError(CorruptPackageError):
     """A required feature of the file (encoding, section kind) is unknown to this reader."""
 
 
+class RequiredFeatureError(UnsupportedFeatureError):
+    """The package lists a ``required_features`` entry this reader does not implement:
+    well formed, and a newer reader is the fix (the CLI exits "incompatible")."""
+
+
 class SignatureError(EdgepackError):
     """The signature is missing, malformed, does not verify, or is from an untrusted key."""
 
@@ -50,6 +57,11 @@ class IncompatiblePackageError(EdgepackError):
     def __init__(self, message: str, verdict: object | None = None) -> None:
         super().__init__(message)
         self.verdict = verdict
+
+
+class OutputPathError(EdgepackError):
+    """An output path is unusable: it is one of the inputs, it exists (and overwriting
+    was not asked for), it is not a regular file, or its parent is not a directory."""
 
 
 class EncodingError(EdgepackError):

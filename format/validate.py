@@ -25,7 +25,12 @@ from .constants import (
     HashAlgorithm,
     SectionKind,
 )
-from .errors import CorruptPackageError, IncompatiblePackageError, UnsupportedFeatureError
+from .errors import (
+    CorruptPackageError,
+    IncompatiblePackageError,
+    RequiredFeatureError,
+    UnsupportedFeatureError,
+)
 from .header import Header, SectionEntry, Span, TensorEntry
 from .layout import tensor_layout
 from .preamble import Preamble
@@ -55,7 +60,7 @@ def validate_header(header: Header, pre: Preamble) -> Header:
         raise CorruptPackageError(f"data alignment {alignment} is not a power of 2 in 64..4096")
     unknown = [f for f in header.required_features if f not in KNOWN_FEATURES]
     if unknown:
-        raise UnsupportedFeatureError(
+        raise RequiredFeatureError(
             f"package requires features this reader does not know: {', '.join(unknown)}; "
             "update edgepack"
         )

@@ -20,7 +20,6 @@ import enum
 import functools
 import hashlib
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from .file_layout import DIGEST_PLACEHOLDER, FileLayout, signature_length
 from .header import ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
 from .layout import tensor_layout
+from .output_file import create_partial, remove_stale_partials
 from .preamble import Preamble
 from .signing import build_signature_block
 from .validate import validate_header
@@ -267,11 +267,9 @@ class PackageWriter(PackageSizer):
         self._base = data_offset or DATA_REGION_ALIGNMENT
         if self._base % DATA_REGION_ALIGNMENT:
             raise ValueError(f"data offset {self._base} is not page aligned")
-        fd, tmp = tempfile.mkstemp(
-            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial"
-        )
+        remove_stale_partials(self.path)  # what a killed writer of this path left
+        fd, self._tmp = create_partial(self.path)
         self._file = os.fdopen(fd, "r+b")
-        self._tmp = Path(tmp)
 
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> PackageWriter:

@@ -20,6 +20,7 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
+from edgepack.format.output_file import check_output_path
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
@@ -102,6 +103,7 @@ def convert(
     ``on_start(total_elements)`` and ``on_tensor(name, elements)`` drive a progress bar.
     """
     source: SourceModel = open_source(src)
+    check_output_path(out, [src, *source.source_files], overwrite=True)
     base = parse_encoding(encoding)
     embed = parse_encoding(embedding_encoding) if embedding_encoding else None
     plans = plan_encodings(source.tensors, base, embed)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InvalidRequestError
 from .model import open as open_model
 
 __all__ = ["CompareReport", "TensorComparison", "compare_arrays", "compare_packages"]
@@ -106,11 +107,15 @@ def compare_packages(
         ids = a.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
         ids = ids[:max_tokens]
         if not ids:
-            raise ValueError("no tokens to compare")
+            raise InvalidRequestError("the text has no tokens to compare")
         ref = a.session().hidden_states(ids)
     with open_model(path_b, kv=kv_b, activations=activations_b, **opts) as b:
-        if b.config.num_layers != len([k for k in ref if k.startswith("layers.")]):
-            raise ValueError("the packages have different numbers of layers")
+        layers_a = len([k for k in ref if k.startswith("layers.")])
+        if b.config.num_layers != layers_a:
+            raise InvalidRequestError(
+                f"the packages have different numbers of layers ({layers_a} and "
+                f"{b.config.num_layers}): compare builds of the same model"
+            )
         other = b.session().hidden_states(ids, teacher=ref if isolated else None)
     rows = [compare_arrays(name, ref[name], other[name]) for name in ref]
     return CompareReport(rows, len(ids))

@@ -12,6 +12,7 @@ from edgepack.format.errors import EdgepackError
 
 __all__ = [
     "ChatTemplateError",
+    "InvalidRequestError",
     "KVCacheFullError",
     "KernelStatus",
     "KernelUnavailableError",
@@ -23,6 +24,12 @@ __all__ = [
 
 class RuntimeShimError(EdgepackError):
     """Running a (valid, compatible) package failed."""
+
+
+class InvalidRequestError(RuntimeShimError, ValueError):
+    """A request the runtime cannot serve as given: an empty prompt, a prompt longer than
+    the model's context, trusted keys with nothing checking them, packages that cannot
+    be compared. Fix the arguments. (Also a ValueError, as API misuse always was.)"""
 
 
 class KVCacheFullError(RuntimeShimError):

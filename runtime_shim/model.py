@@ -30,7 +30,7 @@ from edgepack.format.signing import (
 
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
-from .errors import NumericError
+from .errors import InvalidRequestError, NumericError
 from .integrity import check_weights
 from .kernels import (
     Fallback,
@@ -98,9 +98,8 @@ def open(
     check_threshold(threshold)
     keys = load_trusted_keys(trusted_keys)
     if keys is not None and verify == "none":
-        raise ValueError("trusted_keys given with verify='none': nothing would check them")
-    if keys is None and (verify != "none" or require_signature):
-        _log.warning(unchecked_signature_warning(f"{path}", require_signature=require_signature))
+from .errors import InvalidRequestError, NumericError
+from .integrity import check_weights
     kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
     pkg = Package.open(path, capabilities=runtime_capabilities())
     try:
@@ -286,7 +285,7 @@ class Model:
         if not tokens:
             raise ValueError("forward needs at least one token")
         if seq.length + len(tokens) > self.config.max_position_embeddings:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"context of {seq.length + len(tokens)} tokens exceeds the model's "
                 f"{self.config.max_position_embeddings}"
             )

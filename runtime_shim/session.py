@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .chat import render_chat
+from .errors import InvalidRequestError
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
@@ -177,7 +178,7 @@ class Session:
         mode: str,
     ) -> Iterator[Any]:
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty")
         model = self.model
         stop_strings, stop_ids = _split_stops(stop)
         stop_ids |= model.stop_token_ids()

@@ -210,3 +210,16 @@ def rewrite_header(
         header_digest=header_digest(hb),
     )
     return pre.pack() + hb + payload
+
+
+def write_release_pair(directory: Path, seed: int) -> Path:
+    """``old.epk``, ``new.epk`` (a mutation of it) and ``d.epkd`` between them (made with
+    :func:`edgepack.server.delta.create_delta`) in ``directory``; returns the delta."""
+    from edgepack.server.delta import create_delta
+
+    rng = np.random.default_rng(seed)
+    spec = random_spec(rng, 4)
+    write_spec(directory / "old.epk", spec)
+    write_spec(directory / "new.epk", mutate(spec, rng))
+    create_delta(directory / "old.epk", directory / "new.epk", directory / "d.epkd")
+    return directory / "d.epkd"

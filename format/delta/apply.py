@@ -14,13 +14,17 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from edgepack.format.output_file import (
+    check_output_path,
+    create_partial,
+    remove_stale_partials,
+)
 from edgepack.format.signing import parse_signature_block, verify_signature_block
 
 from .container import (
@@ -194,7 +198,8 @@ def apply_delta(
     ``max_target_size`` bounds the file a delta may make us write (default: four times
     the base plus 1 GiB), so a forged delta of huge zero runs cannot fill the disk.
     """
-    out = Path(out)
+    out = check_output_path(out, (base, delta), overwrite=True)
+    remove_stale_partials(out)  # what a killed patch of this path left
     with DeltaFile.open(delta) as d:
         h = d.header
         limit = max_target_size if max_target_size is not None else 4 * h.base_file_size + (1 << 30)
@@ -224,7 +229,7 @@ def apply_delta(
 
 def _write_target(d: DeltaFile, base_fd: int, out: Path, progress) -> tuple[int, int]:
     h = d.header
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
+    fd, tmp = create_partial(out)
     try:
         try:
             os.posix_fallocate(fd, 0, h.target_file_size)  # fail early on a full disk

@@ -26,7 +26,7 @@ import hashlib
 import math
 import mmap
 import os
-import tempfile
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -68,6 +68,12 @@ from edgepack.format.delta.transforms import planes, residual_of, shuffle, spars
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.header_decode import offset_vectors
 from edgepack.format.layout import tensor_layout
+from edgepack.format.output_file import (
+    check_output_path,
+    create_partial,
+    create_scratch_dir,
+    remove_stale_partials,
+)
 from edgepack.format.signing import build_signature_block
 from edgepack.server.delta.entropy import rans_encode
 
@@ -764,7 +770,8 @@ def create_delta(
 ) -> DeltaStats:
     """Write the delta turning package ``old`` into package ``new`` to ``out``."""
     opt = options or DeltaOptions()
-    old, new, out = Path(old), Path(new), Path(out)
+    old, new = Path(old), Path(new)
+    out = check_output_path(out, (old, new), overwrite=True)
     with Package.open(old) as old_pkg, Package.open(new) as new_pkg:
         files = _Files(old, new)
         planner = None
@@ -874,7 +881,8 @@ def _write(
         signature_offset=payload_offset + payload_length if signature else 0,
         signature_length=len(signature),
     )
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
+    remove_stale_partials(out)  # what a killed diff of this path left
+    fd, tmp = create_partial(out)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(pre.pack())
@@ -885,13 +893,11 @@ def _write(
             f.flush()
             os.fsync(f.fileno())
         if opt.verify:
-            check_dir = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.verify.")
+            check_dir = create_scratch_dir(out)
             try:
-                apply_delta(old, tmp, Path(check_dir) / "target.epk")
+                apply_delta(old, tmp, check_dir / "target.epk")
             finally:
-                for p in Path(check_dir).iterdir():
-                    p.unlink()
-                os.rmdir(check_dir)
+                shutil.rmtree(check_dir, ignore_errors=True)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -15,6 +15,8 @@ better one is just smaller.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from edgepack.format import Encoding, codecs
@@ -175,8 +177,11 @@ class blas_single_thread:
         import ctypes
 
         try:
-            with open("/proc/self/maps") as f:
-                paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+            # bytes: a mapped file's name need not be UTF-8 (an input named so is mapped)
+            with open("/proc/self/maps", "rb") as f:
+                paths = {
+                    os.fsdecode(line.split()[-1]) for line in f if b"openblas" in line.lower()
+                }
         except OSError:
             return None
         for path in sorted(paths):

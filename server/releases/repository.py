@@ -41,6 +41,10 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, Root, Snapshot, TargetFile, Targets, Timestamp
 
 from edgepack.format import Package, parse_semver
+from edgepack.format.output_file import (
+    pid_temporary_directory,
+    remove_stale_temporary_directories,
+)
 
 from ..errors import (
     ConcurrentUpdateError,
@@ -98,6 +102,7 @@ __all__ = ["PackageFacts", "PublishResult", "ReleaseRepository", "inspect_packag
 log = logging.getLogger("edgepack.server.releases")
 _METADATA_MAX = 16 * 1024 * 1024
 _JSON = "application/json"
+_PUBLISH_SCRATCH = "edgepack-publish-"  # deltas and base copies; a killed publish's goes
 
 
 @dataclass(frozen=True)
@@ -473,6 +478,8 @@ class ReleaseRepository:
     ) -> PublishResult:
         """Verify ``package`` and publish it on ``channel`` at ``rollout`` percent."""
         keys = self._keys()
+        self.store.remove_stale_temporaries()  # what a killed publish left
+        remove_stale_temporary_directories(_PUBLISH_SCRATCH)
         _check_name("channel", channel)
         rollout_bp = _rollout_bp(rollout)
         repo = self.load()
@@ -498,7 +505,7 @@ class ReleaseRepository:
             index = self.index(repo)
             _check_new_on_channel(index, facts.model, channel, facts.version, facts.sha256)
             targets = repo.editable_targets()
-            with tempfile.TemporaryDirectory(prefix="edgepack-publish-") as tmp:
+            with pid_temporary_directory(_PUBLISH_SCRATCH) as tmp:
                 deltas = self._ensure_deltas(
                     index, targets, facts.model, channel, facts.sha256, facts.path, count, tmp
                 )

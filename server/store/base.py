@@ -82,13 +82,15 @@ class ObjectInfo:
     """What a store knows about an object without reading it.
 
     ``sha256`` is known for content-addressed objects (from the key) and for objects
-    the backend recorded it for; ``etag`` is an opaque token for ``if_match``.
+    the backend recorded it for; ``etag`` is an opaque token for ``if_match``;
+    ``modified`` the time of the last write (POSIX seconds), when the backend says.
     """
 
     key: str
     size: int
     etag: str = ""
     sha256: str | None = None
+    modified: float | None = None
 
 
 class Store(ABC):
@@ -142,6 +144,14 @@ class Store(ABC):
     def delete(self, key: str) -> None:
         """Remove ``key``; missing keys are not an error."""
 
+    def remove_stale_temporaries(self, older_than: float = 3600.0) -> int:
+        """Delete what killed writers left in the store; return how many (default: none
+        to clean: an S3 put is atomic; see S3Store.abort_stale_uploads)."""
+        return 0
+
+    def touch(self, key: str) -> None:  # noqa: B027 - optional hook
+        """Set the object's modification time to now (a backend without times: no-op)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
@@ -168,6 +178,7 @@ class Store(ABC):
         key = object_key(sha)
         have = self.stat(key)
         if have is not None and have.size == size:
+            self.touch(key)  # reused: `repo gc` must see it as young (server/releases/gc.py)
             return ObjectInfo(key, size, have.etag, sha)
         self._put_object_file(path, key, sha, size)
         landed = self.stat(key)

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from edgepack.format.output_file import pid_is_running
+
 from ..errors import (
     ConcurrentUpdateError,
     InvalidStoreURLError,
@@ -61,7 +63,7 @@ class LocalStore(Store):
         except OSError as exc:
             raise _os_error(exc, key) from None
         sha = key[len(OBJECTS_PREFIX) :] if key.startswith(OBJECTS_PREFIX) else None
-        return ObjectInfo(key, st.st_size, "", sha)
+        return ObjectInfo(key, st.st_size, "", sha, st.st_mtime)
 
     def iter_bytes(
         self, key: str, start: int = 0, length: int | None = None, chunk_size: int = CHUNK_SIZE
@@ -172,15 +174,24 @@ class LocalStore(Store):
         except OSError as exc:
             raise _os_error(exc, key) from None
 
+    def touch(self, key: str) -> None:
+        try:
+            os.utime(self._path(key))
+        except OSError as exc:
+            raise _os_error(exc, key) from None
+
     def remove_stale_temporaries(self, older_than: float = 3600.0) -> int:
-        """Delete ``.tmp*`` files older than ``older_than`` seconds; return how many."""
+        """Delete the temporaries killed writers left; return how many. A ``.tmp-`` file
+        is stale when the writer pid in its name is not running on this machine, or
+        when it is older than ``older_than`` seconds (a writer on another machine, a
+        reused pid; no write takes that long). Publish runs this first."""
         now, removed = time.time(), 0
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
                 if name.startswith(".tmp"):
                     p = Path(dirpath, name)
                     with contextlib.suppress(OSError):
-                        if now - p.stat().st_mtime > older_than:
+                        if _temporary_is_stale(name, p, now, older_than):
                             p.unlink()
                             removed += 1
         return removed
@@ -261,3 +272,11 @@ def _fsync_dir(path: Path) -> None:
 def _os_error(exc: OSError, key: str) -> StoreError:
     retriable = exc.errno in (errno.EAGAIN, errno.EINTR, errno.EBUSY)
     return StoreError(f"{key}: {exc.strerror or exc}", retriable=retriable, key=key)
+
+
+def _temporary_is_stale(name: str, path: Path, now: float, older_than: float) -> bool:
+    """``name`` is ``.tmp-<key name>-<pid>-<hex>`` (see :meth:`LocalStore._write_temp`)."""
+    parts = name.rsplit("-", 2)
+    if len(parts) == 3 and parts[1].isdigit() and not pid_is_running(int(parts[1])):
+        return True
+    return now - path.stat().st_mtime > older_than

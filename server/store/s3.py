@@ -218,7 +218,10 @@ class S3Store(Store):
         sha = resp.get("Metadata", {}).get("sha256")
         if sha is None and key.startswith(OBJECTS_PREFIX):
             sha = key[len(OBJECTS_PREFIX) :]
-        return ObjectInfo(key, int(resp["ContentLength"]), resp.get("ETag", ""), sha)
+        when = resp.get("LastModified")
+        return ObjectInfo(
+            key, int(resp["ContentLength"]), resp.get("ETag", ""), sha, when and when.timestamp()
+        )
 
     def iter_bytes(
         self, key: str, start: int = 0, length: int | None = None, chunk_size: int = CHUNK_SIZE
@@ -304,7 +307,10 @@ class S3Store(Store):
             for item in page.get("Contents", []):
                 key = item["Key"][strip:]
                 sha = key[len(OBJECTS_PREFIX) :] if key.startswith(OBJECTS_PREFIX) else None
-                yield ObjectInfo(key, int(item["Size"]), item.get("ETag", ""), sha)
+                when = item.get("LastModified")
+                yield ObjectInfo(
+                    key, int(item["Size"]), item.get("ETag", ""), sha, when and when.timestamp()
+                )
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")
@@ -482,6 +488,22 @@ class S3Store(Store):
     def delete(self, key: str) -> None:
         full = self._full(key)
         self._retry(lambda: self._client.delete_object(Bucket=self.bucket, Key=full), key)
+
+    def touch(self, key: str) -> None:
+        """Copy the object onto itself (same bytes and metadata) for a new LastModified."""
+        full = self._full(key)
+        head = self._retry(lambda: self._client.head_object(Bucket=self.bucket, Key=full), key)
+        self._retry(
+            lambda: self._client.copy_object(
+                Bucket=self.bucket,
+                Key=full,
+                CopySource={"Bucket": self.bucket, "Key": full},
+                MetadataDirective="REPLACE",
+                Metadata=head.get("Metadata", {}),
+                ContentType=head.get("ContentType", "application/octet-stream"),
+            ),
+            key,
+        )
 
     def abort_stale_uploads(self, older_than: float = 24 * 3600.0) -> int:
         """Abort multipart uploads under this prefix started more than ``older_than``

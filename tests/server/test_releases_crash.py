@@ -16,16 +16,13 @@ import hashlib
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crashkit import kill_at, run_cli
 from s3server import MotoServer, s3_server  # noqa: F401
 from test_releases import download, make_pkg, updater
 
@@ -146,43 +143,14 @@ def test_killing_publish_never_exposes_a_partial_release(
         return make_pkg(tmp_path / f"p{n}.epk", f"1.0.{n}", seed=n, pad=bytes(pad))
 
     def publish(pkg: Path, kill: str | None = None) -> tuple[int | None, list[str]]:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "edgepack.cli", "publish", str(pkg),
-                "--store", url, "--keys-dir", str(keys_dir), "--channel", "beta",
-                "--deltas", "2", "-v",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )  # fmt: skip
-        lines: list[str] = []
-        seen = threading.Event()
-
-        def read() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                lines.append(line)
-                if kill and not kill.startswith("delay") and kill in line:
-                    seen.set()
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        args = [
+            "publish", str(pkg), "--store", url, "--keys-dir", str(keys_dir),
+            "--channel", "beta", "--deltas", "2", "-v",
+        ]  # fmt: skip
         if kill is None:
-            proc.wait(timeout=60)
-        elif kill.startswith("delay"):
-            time.sleep(float(kill.split(":")[1]))
-        else:
-            deadline = time.monotonic() + 60
-            while not seen.wait(0.005) and proc.poll() is None and time.monotonic() < deadline:
-                pass
-            time.sleep(rng.uniform(0, 0.004))
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        rc = proc.wait(timeout=30)
-        reader.join(timeout=10)
-        return (None if rc == -signal.SIGKILL else rc), lines
+            return run_cli(args, env=env, timeout=60)
+        point = kill if kill.startswith("delay") else f"log:{kill}"
+        return kill_at(args, point, rng, env=env, timeout=60)
 
     # calibration run: also the base release
     start = time.monotonic()
