@@ -98,8 +98,9 @@ def open(
     check_threshold(threshold)
     keys = load_trusted_keys(trusted_keys)
     if keys is not None and verify == "none":
-from .errors import InvalidRequestError, NumericError
-from .integrity import check_weights
+        raise InvalidRequestError("trusted keys given with verify none: nothing would check them")
+    if keys is None and (verify != "none" or require_signature):
+        _log.warning(unchecked_signature_warning(f"{path}", require_signature=require_signature))
     kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
     pkg = Package.open(path, capabilities=runtime_capabilities())
     try:
