@@ -35,7 +35,8 @@ MAX_NDIM = 8
 MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 MAX_NAME_BYTES = 512
-MAX_SECTION_UNCOMPRESSED = 1 << 30
+MAX_SECTION_UNCOMPRESSED = 1 << 30  # the largest any kind allows (SECTION_LIMITS)
+MAX_SECTION_WINDOW = 1 << 27  # zstd window a reader allocates at most, whatever a frame asks
 MAX_LOW_RANK_RATIO = 4096  # dense elements / factor elements a low-rank tensor may claim
 MIN_GROUP_SIZE = 8
 MAX_GROUP_SIZE = 4096
@@ -51,6 +52,29 @@ class SectionKind(enum.IntEnum):
     PREFIX_KV_CACHE = 6
     PROVENANCE = 7
     CALIBRATION_REPORT = 8
+
+
+_MiB = 1 << 20
+
+# Uncompressed size each known section kind may declare (spec section 6). Real models are
+# far below: the largest tokenizer.json known (Gemma 3) is 33 MiB, chat templates and
+# configs are tens of KiB. Kinds large by nature (KV caches, adapters) are hashed and
+# decompressed in a stream by `verify`, never held whole.
+SECTION_LIMITS: dict[SectionKind, int] = {
+    SectionKind.METADATA_JSON: 16 * _MiB,
+    SectionKind.TOKENIZER: 128 * _MiB,
+    SectionKind.CHAT_TEMPLATE: 1 * _MiB,
+    SectionKind.MODEL_CONFIG: 1 * _MiB,
+    SectionKind.PRECISION_PLAN: 64 * _MiB,
+    SectionKind.LORA_ADAPTER: MAX_SECTION_UNCOMPRESSED,
+    SectionKind.PREFIX_KV_CACHE: MAX_SECTION_UNCOMPRESSED,
+    SectionKind.PROVENANCE: 16 * _MiB,
+    SectionKind.CALIBRATION_REPORT: 64 * _MiB,
+}
+# Kinds whose content must be a UTF-8 JSON object (readers refuse anything else).
+JSON_OBJECT_SECTIONS = frozenset(
+    {SectionKind.METADATA_JSON, SectionKind.TOKENIZER, SectionKind.MODEL_CONFIG}
+)
 
 
 class Compression(enum.IntEnum):
