@@ -28,7 +28,8 @@ from edgepack.format.constants import (
 )
 from edgepack.format.delta.container import MAX_OPS, DeltaHeader, Op, OpKind, encode_header
 from edgepack.format.encodings import Encoding
-from edgepack.format.header import Header, ModelIdentity, Span, TensorEntry, encode_header as enc
+from edgepack.format.header import Header, ModelIdentity, Span, TensorEntry
+from edgepack.format.header import encode_header as enc
 from edgepack.format.preamble import Preamble
 
 

@@ -76,7 +76,7 @@ def test_low_rank_expansion_refused_at_open(tmp_path: Path) -> None:
         replace_header(path.read_bytes(), replace(header, tensors=(*header.tensors, bomb)))
     )
     assert forged.stat().st_size < 128 * 1024
-    with pytest.raises(CorruptPackageError, match="'bomb.weight'.*4096x"):
+    with pytest.raises(CorruptPackageError, match=r"'bomb\.weight'.*4096x"):
         Package.open(forged)
 
 
@@ -94,7 +94,7 @@ def test_low_rank_ratio_is_the_specs(tmp_path: Path) -> None:
 
 def test_writer_refuses_low_rank_bomb(tmp_path: Path) -> None:
     path = tmp_path / "never.epk"
-    with pytest.raises(ValueError, match="'lr'.*4096x"):
+    with pytest.raises(ValueError, match=r"'lr'.*4096x"):
         with PackageWriter(path, ModelIdentity("m", "1.0.0", "llama")) as w:
             w.add_tensor("u", Encoding.F16, np.ones((1 << 16, 1), np.float16))
             w.add_tensor("v", Encoding.F16, np.ones((1, 1 << 16), np.float16))
