@@ -8,6 +8,7 @@ section the writer accepts, then the header is rewritten to call them what they 
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import textwrap
@@ -29,7 +30,12 @@ from edgepack.format import (
     SectionKind,
     TensorEntry,
 )
-from edgepack.format.constants import MAX_LOW_RANK_RATIO, SECTION_LIMITS
+from edgepack.format.constants import MAX_LOW_RANK_RATIO, PREAMBLE_SIZE, SECTION_LIMITS
+from edgepack.format.delta import CorruptDeltaError
+from edgepack.format.delta.container import DeltaHeader
+from edgepack.format.delta.container import decode_header as decode_delta_header
+from edgepack.format.delta.container import encode_header as encode_delta_header
+from edgepack.format.preamble import Preamble
 
 GiB = 1 << 30
 
@@ -129,11 +135,12 @@ def test_verify_streams_a_large_kv_cache(tmp_path: Path) -> None:
     )
     script = textwrap.dedent(
         f"""
-        import resource
+        import re
         from edgepack.format import Package
         with Package.open({str(path)!r}) as pkg:
             pkg.verify()
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+        # VmHWM: this process's peak (ru_maxrss would carry over the parent's)
+        print(int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) // 1024)
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -172,3 +179,32 @@ def test_json_section_round_trips(tmp_path: Path) -> None:
     path = forge_section(tmp_path, SectionKind.TOKENIZER, doc, compressed=False, declared=len(doc))
     with Package.open(path) as pkg:
         assert pkg.section(SectionKind.TOKENIZER) == doc
+
+
+# ------------------------------------------------------------------ item 7: header and op counts
+SIXTEEN_MIB = 16 << 20  # what real packages need with a large margin (spec section 3)
+
+
+def test_header_over_16_mib_refused_before_reading(tmp_path: Path) -> None:
+    """A header a little over the limit is refused from the preamble alone."""
+    kind = SectionKind.PREFIX_KV_CACHE
+    raw = forge_section(tmp_path, kind, b"x", compressed=False, declared=1).read_bytes()
+    pre = Preamble.unpack(raw[:PREAMBLE_SIZE], len(raw))
+    length = SIXTEEN_MIB + 4096
+    data_offset = PREAMBLE_SIZE + length + (-(PREAMBLE_SIZE + length) % 4096)
+    big = replace(pre, header_length=length, data_offset=data_offset)
+    path = tmp_path / "big-header.epk"
+    with open(path, "wb") as f:
+        f.write(big.pack())
+        f.truncate(data_offset + pre.data_length)
+    with pytest.raises(CorruptPackageError, match=f"header length {length} is outside"):
+        Package.open(path)
+
+
+def test_delta_op_count_over_the_limit_refused_before_decoding() -> None:
+    h = DeltaHeader(1, bytes(32), bytes(32), 1, bytes(32), bytes(32), bytes(32))
+    fixed = bytearray(encode_delta_header(h))
+    n_ops = (1 << 19) + 1  # 4 ops per tensor of the largest package, plus one
+    struct.pack_into("<I", fixed, len(fixed) - 8, n_ops)  # fixed part: ..., streams, ops, features
+    with pytest.raises(CorruptDeltaError, match=f"claims 0 streams and {n_ops} ops"):
+        decode_delta_header(bytes(fixed) + bytes(2 * n_ops))
