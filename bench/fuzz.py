@@ -110,7 +110,7 @@ def _package_mutant(index: int, seed: int) -> str:
     orig = _worker["orig"]
     rng = random.Random(_rng_seed(seed, "package", index))
     while True:
-        family, (mutant, resigned, _what) = test_fuzz_package.random_mutant(orig, rng)
+        _, (mutant, resigned, _) = test_fuzz_package.random_mutant(orig, rng)
         if mutant != orig.raw:
             break
     orig.path.write_bytes(mutant)
@@ -223,13 +223,9 @@ def _report(state: dict, totals: dict[str, int]) -> bool:
         print(f"{kind}s: {n} of {totals[kind]} ({n / seconds:.0f}/s over the whole run)")
         for outcome, count in sorted(outcomes.items(), key=lambda kv: -kv[1]):
             print(f"  {count:>9}  {outcome}")
-    bad = [
-        (o, c)
-        for kind in KINDS
-        for o, c in state["outcomes"][kind].items()
-        if o.startswith(("CRASH", "WRONG"))
-    ]
-    config = sum(c for k in KINDS for o, c in state["outcomes"][k].items() if o.startswith("config:"))
+    outcomes = [(o, c) for k in KINDS for o, c in state["outcomes"][k].items()]
+    config = sum(c for o, c in outcomes if o.startswith("config:"))
+    bad = [(o, c) for o, c in outcomes if o.startswith(("CRASH", "WRONG"))]
     print(f"untyped exceptions / wrong outputs: {sum(c for _, c in bad)}")
     print(f"untyped exceptions in the runtime's config/binding code (not gated): {config}")
     print(

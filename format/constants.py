@@ -78,6 +78,7 @@ SECTION_LIMITS: dict[SectionKind, int] = {
 JSON_OBJECT_SECTIONS = frozenset(
     {SectionKind.METADATA_JSON, SectionKind.TOKENIZER, SectionKind.MODEL_CONFIG}
 )
+TEXT_SECTIONS = frozenset({SectionKind.CHAT_TEMPLATE})  # UTF-8 text
 
 
 class Compression(enum.IntEnum):

@@ -23,6 +23,7 @@ from .constants import (
     JSON_OBJECT_SECTIONS,
     MAX_SECTION_WINDOW,
     PREAMBLE_SIZE,
+    TEXT_SECTIONS,
     Compression,
     Encoding,
     SectionKind,
@@ -185,7 +186,8 @@ class Package:
 
     def section(self, kind: SectionKind | int, name: str | None = None) -> bytes | None:
         """The section's content, hash-checked and decompressed; None if absent. A kind
-        that must hold a JSON object (tokenizer, config, metadata) is checked to."""
+        that must hold a JSON object (tokenizer, config, metadata) or UTF-8 text (chat
+        template) is checked too."""
         matches = [s for s in self.sections(kind) if name is None or s.name == name]
         if not matches:
             return None
@@ -194,6 +196,8 @@ class Package:
         data = self._load_section(matches[0])
         if matches[0].kind in JSON_OBJECT_SECTIONS:
             _check_json_object(data, matches[0])
+        elif matches[0].kind in TEXT_SECTIONS:
+            _check_text(data, matches[0])
         return data
 
     def _load_section(self, sec: SectionEntry) -> bytes:
@@ -350,6 +354,13 @@ def _decompressor(stored: memoryview, sec: SectionEntry) -> zstandard.ZstdDecomp
 def _check_decoded_length(produced: int, sec: SectionEntry) -> None:
     if produced != sec.uncompressed_length:
         raise CorruptPackageError(f"{_where(sec)} decompressed to the wrong size")
+
+
+def _check_text(data: bytes, sec: SectionEntry) -> None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptPackageError(f"{_where(sec)} is not UTF-8 text: {exc}") from None
 
 
 def _check_json_object(data: bytes, sec: SectionEntry) -> None:

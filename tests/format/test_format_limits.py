@@ -7,6 +7,7 @@ section the writer accepts, then the header is rewritten to call them what they 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import subprocess
@@ -208,3 +209,47 @@ def test_delta_op_count_over_the_limit_refused_before_decoding() -> None:
     struct.pack_into("<I", fixed, len(fixed) - 8, n_ops)  # fixed part: ..., streams, ops, features
     with pytest.raises(CorruptDeltaError, match=f"claims 0 streams and {n_ops} ops"):
         decode_delta_header(bytes(fixed) + bytes(2 * n_ops))
+
+
+def test_chat_template_must_be_utf8(tmp_path: Path) -> None:
+    content = b"{{ messages }}\xff"
+    kind = SectionKind.CHAT_TEMPLATE
+    path = forge_section(tmp_path, kind, content, compressed=False, declared=len(content))
+    with Package.open(path) as pkg, pytest.raises(CorruptPackageError, match="UTF-8"):
+        pkg.section(kind)
+
+
+@pytest.fixture(scope="module")
+def runnable(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from runtime_fixtures import tiny_package
+
+    return tiny_package(tmp_path_factory, "int8")
+
+
+@pytest.mark.parametrize("content", [b"\x00", b"[]", b"\xff"], ids=["zeros", "array", "binary"])
+def test_run_with_a_tokenizer_that_is_not_json_exits_corrupt(
+    runnable: Path, tmp_path: Path, content: bytes
+) -> None:
+    """`edgepack run` on a package whose tokenizer section is not JSON: exit 3, not an
+    internal error (issue 11 items 6 and 8)."""
+    raw = bytearray(runnable.read_bytes())
+    with Package.open(runnable) as pkg:
+        header = pkg.header
+    assert not any(s.kind == SectionKind.TOKENIZER for s in header.sections)
+    sec = next(s for s in header.sections if s.kind == SectionKind.PRECISION_PLAN)  # a carrier
+    fill = (content * sec.data.length)[: sec.data.length]
+    raw[sec.data.offset : sec.data.end] = fill
+    forged_sec = replace(
+        sec,
+        kind=SectionKind.TOKENIZER,
+        compression=0,
+        uncompressed_length=len(fill),
+        hash=hashlib.sha256(fill).digest(),
+    )
+    sections = tuple(forged_sec if s is sec else s for s in header.sections)
+    path = tmp_path / "bad-tokenizer.epk"
+    path.write_bytes(replace_header(bytes(raw), replace(header, sections=sections)))
+    argv = [sys.executable, "-m", "edgepack.cli", "run", str(path), "-p", "hi", "--max-tokens", "1"]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode == EXIT_CORRUPT, result.stderr
+    assert "tokenizer" in result.stderr and "internal error" not in result.stderr
