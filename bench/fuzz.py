@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "format")]
 
 RSS_LIMIT_MIB = 256
+CONFIG_SHARE = 0.1  # package mutants whose (re-signed) model config gets a hostile value
+CONFIG_VALUES = ("abc", -1, 0, 0.0, [1], {}, None, True, 31, 10**9, 2**63, 1e-300, 1e300)
 CONFIG_CODE = ("runtime_shim/config.py", "runtime_shim/weights.py")  # config values, tensor set
 KINDS = ("package", "delta")
 
@@ -104,11 +106,36 @@ def _classify(exc: BaseException) -> str:
     return f"CRASH:{type(exc).__name__}@{rel}:{where.lineno}"
 
 
+def _config_mutant(orig, rng: random.Random) -> bytes:
+    """The model config with one value replaced, re-signed: only the runtime's config
+    validation can refuse it."""
+    from dataclasses import replace
+
+    from pkgfactory import replace_header
+
+    identity = orig.header.identity
+    cfg = dict(identity.config)
+    cfg[rng.choice(sorted(cfg))] = rng.choice(CONFIG_VALUES)
+    header = replace(orig.header, identity=replace(identity, config=cfg))
+    return replace_header(orig.raw, header, sign_with=orig.key)
+
+
 def _package_mutant(index: int, seed: int) -> str:
     import test_fuzz_package
 
+    from edgepack.format import EdgepackError
+
     orig = _worker["orig"]
     rng = random.Random(_rng_seed(seed, "package", index))
+    if rng.random() < CONFIG_SHARE:
+        orig.path.write_bytes(_config_mutant(orig, rng))
+        try:
+            outcome, _ = test_fuzz_package.exercise_forward(orig.path, orig.pub, b"")
+        except EdgepackError as exc:  # exercise_forward lets only its own stages' through
+            return f"config-value:{type(exc).__name__}"
+        except Exception as exc:  # the runtime's config validation is to type these
+            return f"config-value:untyped {type(exc).__name__}: {str(exc)[:60]}"
+        return "config-value:" + ("accepted" if outcome.startswith("accepted") else outcome)
     while True:
         _, (mutant, resigned, _) = test_fuzz_package.random_mutant(orig, rng)
         if mutant != orig.raw:
@@ -224,7 +251,7 @@ def _report(state: dict, totals: dict[str, int]) -> bool:
         for outcome, count in sorted(outcomes.items(), key=lambda kv: -kv[1]):
             print(f"  {count:>9}  {outcome}")
     outcomes = [(o, c) for k in KINDS for o, c in state["outcomes"][k].items()]
-    config = sum(c for o, c in outcomes if o.startswith("config:"))
+    config = sum(c for o, c in outcomes if o.startswith(("config:", "config-value:untyped")))
     bad = [(o, c) for o, c in outcomes if o.startswith(("CRASH", "WRONG"))]
     print(f"untyped exceptions / wrong outputs: {sum(c for _, c in bad)}")
     print(f"untyped exceptions in the runtime's config/binding code (not gated): {config}")
