@@ -27,15 +27,19 @@ SIGNATURE_CONTEXT = b"edgepack/v1/signature\x00"
 DIGEST_SIZE = 32
 
 # Reader limits (spec section 3): bound every allocation a hostile file could ask for.
-MAX_HEADER_LENGTH = 64 * 1024 * 1024
+# Header and tensor count: opening costs ~1.3 us and ~0.8 KiB per tensor entry, so the
+# worst header is seconds and ~100 MiB (bench/limits.py); real packages are 300 (dense
+# 8B) to 19,000 (Qwen3-30B-A3B MoE) tensors, headers under 4 MiB.
+MAX_HEADER_LENGTH = 16 * 1024 * 1024
 MAX_SIGNATURE_BLOCK = 64 * 1024
-MAX_TENSORS = 1_000_000
+MAX_TENSORS = 131_072
 MAX_SECTIONS = 65_536
 MAX_NDIM = 8
 MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 MAX_NAME_BYTES = 512
-MAX_SECTION_UNCOMPRESSED = 1 << 30
+MAX_SECTION_UNCOMPRESSED = 1 << 30  # the largest any kind allows (SECTION_LIMITS)
+MAX_SECTION_WINDOW = 1 << 27  # zstd window a reader allocates at most, whatever a frame asks
 MAX_LOW_RANK_RATIO = 4096  # dense elements / factor elements a low-rank tensor may claim
 MIN_GROUP_SIZE = 8
 MAX_GROUP_SIZE = 4096
@@ -51,6 +55,30 @@ class SectionKind(enum.IntEnum):
     PREFIX_KV_CACHE = 6
     PROVENANCE = 7
     CALIBRATION_REPORT = 8
+
+
+_MiB = 1 << 20
+
+# Uncompressed size each known section kind may declare (spec section 6). Real models are
+# far below: the largest tokenizer.json known (Gemma 3) is 33 MiB, chat templates and
+# configs are tens of KiB. Kinds large by nature (KV caches, adapters) are hashed and
+# decompressed in a stream by `verify`, never held whole.
+SECTION_LIMITS: dict[SectionKind, int] = {
+    SectionKind.METADATA_JSON: 16 * _MiB,
+    SectionKind.TOKENIZER: 128 * _MiB,
+    SectionKind.CHAT_TEMPLATE: 1 * _MiB,
+    SectionKind.MODEL_CONFIG: 1 * _MiB,
+    SectionKind.PRECISION_PLAN: 64 * _MiB,
+    SectionKind.LORA_ADAPTER: MAX_SECTION_UNCOMPRESSED,
+    SectionKind.PREFIX_KV_CACHE: MAX_SECTION_UNCOMPRESSED,
+    SectionKind.PROVENANCE: 16 * _MiB,
+    SectionKind.CALIBRATION_REPORT: 64 * _MiB,
+}
+# Kinds whose content must be a UTF-8 JSON object (readers refuse anything else).
+JSON_OBJECT_SECTIONS = frozenset(
+    {SectionKind.METADATA_JSON, SectionKind.TOKENIZER, SectionKind.MODEL_CONFIG}
+)
+TEXT_SECTIONS = frozenset({SectionKind.CHAT_TEMPLATE})  # UTF-8 text
 
 
 class Compression(enum.IntEnum):

@@ -8,6 +8,7 @@ are checked on demand by :meth:`Package.verify`, for everything or per tensor.
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -18,7 +19,15 @@ import numpy as np
 import zstandard
 
 from .compat import CompatibilityVerdict, RuntimeCapabilities, check_compatibility
-from .constants import PREAMBLE_SIZE, Compression, Encoding, SectionKind
+from .constants import (
+    JSON_OBJECT_SECTIONS,
+    MAX_SECTION_WINDOW,
+    PREAMBLE_SIZE,
+    TEXT_SECTIONS,
+    Compression,
+    Encoding,
+    SectionKind,
+)
 from .errors import CorruptPackageError, IncompatiblePackageError
 from .header import Header, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
@@ -176,26 +185,70 @@ class Package:
         return [s for s in self.header.sections if kind is None or s.kind == int(kind)]
 
     def section(self, kind: SectionKind | int, name: str | None = None) -> bytes | None:
-        """The section's content, hash-checked and decompressed; None if absent."""
+        """The section's content, hash-checked and decompressed; None if absent. A kind
+        that must hold a JSON object (tokenizer, config, metadata) or UTF-8 text (chat
+        template) is checked too."""
         matches = [s for s in self.sections(kind) if name is None or s.name == name]
         if not matches:
             return None
         if len(matches) > 1:
             raise KeyError(f"several sections of kind {kind}; give a name")
-        return self._load_section(matches[0])
+        data = self._load_section(matches[0])
+        if matches[0].kind in JSON_OBJECT_SECTIONS:
+            _check_json_object(data, matches[0])
+        elif matches[0].kind in TEXT_SECTIONS:
+            _check_text(data, matches[0])
+        return data
 
     def _load_section(self, sec: SectionEntry) -> bytes:
-        """Hash-check and decode one section; typed errors for any inconsistency."""
+        """Hash-check and decode one section; typed errors for any inconsistency.
+        Memory: the declared length once, which open bounded per kind."""
+        stored = self._stored_section(sec)
+        try:
+            if sec.compression == Compression.ZSTD:
+                data = _decompressor(stored, sec).decompress(
+                    stored, max_output_size=sec.uncompressed_length
+                )
+                _check_decoded_length(len(data), sec)
+            else:
+                data = bytes(stored)
+        except zstandard.ZstdError as exc:
+            raise CorruptPackageError(f"{_where(sec)} does not decompress: {exc}") from None
+        finally:
+            stored.release()
+        return data
+
+    def _check_section_data(self, sec: SectionEntry) -> None:
+        """What :meth:`_load_section` checks, holding one chunk at a time: kinds large
+        by nature (KV caches, adapters) may declare 1 GiB."""
+        stored = self._stored_section(sec)
+        try:
+            if sec.compression != Compression.ZSTD:
+                return
+            produced = 0
+            limit = sec.uncompressed_length
+            with _decompressor(stored, sec).stream_reader(stored) as reader:
+                while chunk := reader.read(min(_CHUNK, limit - produced + 1)):
+                    produced += len(chunk)
+                    if produced > limit:
+                        break
+            _check_decoded_length(produced, sec)
+        except zstandard.ZstdError as exc:
+            raise CorruptPackageError(f"{_where(sec)} does not decompress: {exc}") from None
+        finally:
+            stored.release()
+
+    def _stored_section(self, sec: SectionEntry) -> memoryview:
+        """A view of the section's stored bytes once they hash-check (release it)."""
         if self._mm is None:
             raise ValueError("package is closed")
-        stored = self._mm[sec.data.offset : sec.data.end] if sec.data.length else b""
-        if hashlib.sha256(stored).digest() != sec.hash:
-            raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")
-        if sec.compression == Compression.ZSTD:
-            return _decompress(stored, sec)
-        if len(stored) != sec.uncompressed_length:
-            raise CorruptPackageError(f"section {sec.name!r} has the wrong length")
-        return stored
+        digest = hashlib.sha256()
+        self._hash_span(sec.data, digest)
+        if digest.digest() != sec.hash:
+            raise CorruptPackageError(f"{_where(sec)} hash mismatch")
+        if sec.compression != Compression.ZSTD and sec.data.length != sec.uncompressed_length:
+            raise CorruptPackageError(f"{_where(sec)} has the wrong length")
+        return memoryview(self._mm)[sec.data.offset : sec.data.end]
 
     # -- integrity -----------------------------------------------------------------
     def verify_tensor(self, name: str) -> None:
@@ -240,7 +293,7 @@ class Package:
         known_kinds = {int(k) for k in SectionKind}
         for sec in self.header.sections:
             if sec.kind in known_kinds:
-                self._load_section(sec)  # hash, and that it decodes to what it declares
+                self._check_section_data(sec)  # hash, and that it decodes as declared
             else:  # optional and unknown (validate refuses required ones): hash only
                 digest = hashlib.sha256()
                 self._hash_span(sec.data, digest)
@@ -282,16 +335,48 @@ class Package:
             view.release()
 
 
-def _decompress(stored: bytes, sec: SectionEntry) -> bytes:
+_CHUNK = 1 << 20
+
+
+def _where(sec: SectionEntry) -> str:
+    return f"section {sec.kind_name}/{sec.name!r}"
+
+
+def _decompressor(stored: memoryview, sec: SectionEntry) -> zstandard.ZstdDecompressor:
+    """A decompressor for the section's one zstd frame, once its frame header declares
+    the header's size and a window under MAX_SECTION_WINDOW."""
     try:
         params = zstandard.get_frame_parameters(stored)
-        if params.content_size != sec.uncompressed_length:
-            raise CorruptPackageError(f"section {sec.name!r}: compressed size header mismatch")
-        out = zstandard.ZstdDecompressor().decompress(
-            stored, max_output_size=sec.uncompressed_length
-        )
     except zstandard.ZstdError as exc:
-        raise CorruptPackageError(f"section {sec.name!r} does not decompress: {exc}") from None
-    if len(out) != sec.uncompressed_length:
-        raise CorruptPackageError(f"section {sec.name!r} decompressed to the wrong size")
-    return out
+        raise CorruptPackageError(f"{_where(sec)} does not decompress: {exc}") from None
+    if params.content_size != sec.uncompressed_length:
+        raise CorruptPackageError(f"{_where(sec)}: compressed size header mismatch")
+    if params.window_size > MAX_SECTION_WINDOW:
+        raise CorruptPackageError(f"{_where(sec)}: zstd window {params.window_size} too large")
+    return zstandard.ZstdDecompressor(max_window_size=MAX_SECTION_WINDOW)
+
+
+def _check_decoded_length(produced: int, sec: SectionEntry) -> None:
+    if produced != sec.uncompressed_length:
+        raise CorruptPackageError(f"{_where(sec)} decompressed to the wrong size")
+
+
+def _check_text(data: bytes, sec: SectionEntry) -> None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptPackageError(f"{_where(sec)} is not UTF-8 text: {exc}") from None
+
+
+def _check_json_object(data: bytes, sec: SectionEntry) -> None:
+    """A JSON section that is binary, not UTF-8 or not an object is corrupt: say so here
+    rather than let its consumer crash on it."""
+    where = _where(sec)
+    if data[:4096].lstrip()[:1] not in (b"{", b""):  # cheap refusal of binary bombs
+        raise CorruptPackageError(f"{where} is not a JSON object")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptPackageError(f"{where} is not UTF-8 JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CorruptPackageError(f"{where} is not a JSON object")

@@ -14,11 +14,12 @@ from .constants import (
     FORMAT_MAJOR,
     MAX_DIM,
     MAX_ELEMENTS,
+    MAX_LOW_RANK_RATIO,
     MAX_NAME_BYTES,
     MAX_NDIM,
-    MAX_SECTION_UNCOMPRESSED,
     PAGE_SIZE,
     QUANTIZATION_SCHEMA_VERSION,
+    SECTION_LIMITS,
     SPAN_ALIGNMENT,
     Compression,
     Encoding,
@@ -35,7 +36,7 @@ from .header import Header, SectionEntry, Span, TensorEntry
 from .layout import tensor_layout
 from .preamble import Preamble
 
-__all__ = ["KNOWN_FEATURES", "validate_header"]
+__all__ = ["KNOWN_FEATURES", "low_rank_excess", "section_excess", "validate_header"]
 
 KNOWN_FEATURES: frozenset[str] = frozenset()
 _KNOWN_KINDS = frozenset(int(k) for k in SectionKind)
@@ -106,12 +107,35 @@ def _check_section(sec: SectionEntry, where: str) -> None:
         raise UnsupportedFeatureError(f"{where}: unknown compression {int(sec.compression)}")
     if len(sec.hash) != DIGEST_SIZE:
         raise CorruptPackageError(f"{where}: no valid digest")
-    if sec.uncompressed_length > MAX_SECTION_UNCOMPRESSED:
-        raise CorruptPackageError(f"{where}: claims an absurd size")
+    excess = section_excess(sec.kind, sec.uncompressed_length)
+    if excess:
+        raise CorruptPackageError(f"{where}: {excess}")
     if sec.compression == Compression.NONE and sec.uncompressed_length != sec.data.length:
         raise CorruptPackageError(
             f"{where}: stored {sec.data.length} bytes but declares {sec.uncompressed_length}"
         )
+
+
+def section_excess(kind: int, uncompressed_length: int) -> str | None:
+    """Why a section of ``kind`` this large is refused, or None (reader and writer;
+    unknown kinds are never decoded, so they have no limit)."""
+    limit = SECTION_LIMITS.get(kind)
+    if limit is not None and uncompressed_length > limit:
+        name = SectionKind(kind).name.lower()
+        return f"declares {uncompressed_length} bytes, a {name} section may have {limit}"
+    return None
+
+
+def low_rank_excess(shape: tuple[int, ...], rank: int) -> str | None:
+    """Why ``shape`` at ``rank`` claims more expansion than the format allows, or None:
+    a small file must not make ``dequantize`` allocate gigabytes (reader and writer)."""
+    rows, cols = shape[0], math.prod(shape[1:])
+    if rows * cols > MAX_LOW_RANK_RATIO * rank * (rows + cols):
+        return (
+            f"{rows}x{cols} from rank {rank} expands more than {MAX_LOW_RANK_RATIO}x "
+            "its factors"
+        )
+    return None
 
 
 def _check_tensor(t: TensorEntry) -> None:
@@ -165,6 +189,9 @@ def _check_factors(t: TensorEntry, by_name: dict[str, TensorEntry]) -> None:
         raise CorruptPackageError(f"{where}: factor tensors {t.factors} are missing")
     if Encoding.LOW_RANK in (u.encoding, v.encoding):
         raise CorruptPackageError(f"{where}: factors may not be low-rank themselves")
+    excess = low_rank_excess(t.shape, t.rank)
+    if excess:
+        raise CorruptPackageError(f"{where}: {excess}")
     rows, cols = t.shape[0], math.prod(t.shape[1:])
     if u.shape != (rows, t.rank) or v.shape != (t.rank, cols):
         raise CorruptPackageError(

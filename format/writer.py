@@ -34,7 +34,7 @@ from .layout import tensor_layout
 from .output_file import create_partial, remove_stale_partials
 from .preamble import Preamble
 from .signing import build_signature_block
-from .validate import validate_header
+from .validate import low_rank_excess, section_excess, validate_header
 
 __all__ = ["PackageSizer", "PackageWriter"]
 
@@ -160,10 +160,14 @@ class PackageSizer:
     ) -> TensorEntry:
         """Declare ``name = U @ V`` where U and V were (or will be) added as tensors."""
         self._require_open()
+        shape = tuple(int(d) for d in shape)
+        excess = low_rank_excess(shape, rank) if len(shape) >= 2 and rank >= 1 else None
+        if excess:
+            raise ValueError(f"low-rank tensor {name!r}: {excess}")
         self._claim_name(name)
         entry = TensorEntry(
             name=name,
-            shape=tuple(int(d) for d in shape),
+            shape=shape,
             encoding=Encoding.LOW_RANK,
             factors=tuple(factors),
             rank=rank,
@@ -185,6 +189,9 @@ class PackageSizer:
         self._require_open()
         if any(s.kind == int(kind) and s.name == name for s in self._layout.sections):
             raise ValueError(f"a section of kind {kind} named {name!r} already exists")
+        excess = section_excess(int(kind), len(data))
+        if excess:
+            raise ValueError(f"section {name!r}: {excess}")
         stored, compression = _stored(bytes(data), compress)
         span = self._layout.place(len(stored))
         array = np.frombuffer(stored, np.uint8)

@@ -14,7 +14,8 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from edgepack.format.constants import MAX_ELEMENTS, MAX_SIGNATURE_BLOCK
+from edgepack.format.constants import MAX_ELEMENTS, MAX_SIGNATURE_BLOCK, MAX_TENSORS
+from edgepack.format.constants import MAX_HEADER_LENGTH as _PACKAGE_HEADER_LENGTH
 from edgepack.format.encodings import REGISTRY, Encoding
 from edgepack.format.layout import tensor_layout
 
@@ -56,9 +57,12 @@ FORMAT_MINOR = 1  # 1.1: SPARSE / PLANES residuals, ADD_DIRECTED, RANS streams
 PREAMBLE_SIZE = 128
 MAX_PREAMBLE_SIZE = 4096
 FIXED_SIZE = 196
-MAX_HEADER_LENGTH = 64 * 1024 * 1024
+MAX_HEADER_LENGTH = _PACKAGE_HEADER_LENGTH  # a delta header is smaller than the package's
 MAX_STREAMS = 1 << 16
-MAX_OPS = 1 << 20  # each op is a Python object on the device: bound the header's cost
+# each op is a Python object on the device, validated one by one: bound the header's cost.
+# Real deltas hold ~2 ops per tensor (3 parts, the gaps between them, sections): 4 per
+# tensor of the largest package is 524,288 (bench/limits.py measures the worst case).
+MAX_OPS = 4 * MAX_TENSORS
 MAX_FILE_SIZE = 1 << 48
 MAX_STREAM_LENGTH = 1 << 40
 MAX_DICT_LENGTH = 1 << 30

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,11 @@ ITERATIONS = 3000  # a fixed, seeded count: the same mutants on every machine
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("fuzz")
+    return build_corpus(tmp_path_factory.mktemp("fuzz"))
+
+
+def build_corpus(d: Path) -> tuple[Path, Path, Path, Path]:
+    """Old and new packages in ``d`` and the delta between them, using every op shape."""
     rng = np.random.default_rng(2024)
 
     def w(*shape):
@@ -206,6 +211,9 @@ def _raw(raw: bytes, rng: np.random.Generator) -> bytes:
     return bytes(b)
 
 
+MUTATORS = [_structured, _structured, _payload, _header_bytes, _raw]  # weighted by repeats
+
+
 @pytest.mark.slow
 def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> None:
     d, old, new, delta = corpus
@@ -213,7 +221,7 @@ def test_fuzz_mutated_deltas_only_raise_typed_errors(corpus, monkeypatch) -> Non
     raw = delta.read_bytes()
     expected = new.read_bytes()
     rng = np.random.default_rng(99)
-    mutators = [_structured, _structured, _payload, _header_bytes, _raw]
+    mutators = MUTATORS
     target = d / "out.epk"
     bad = d / "bad.epkd"
     outcomes: dict[str, int] = {}

@@ -702,7 +702,8 @@ def test_every_header_field_round_trips(tmp_path: Path) -> None:
         pw.add_tensor("u", Encoding.F16, np.ones((4, 2), np.float16))
         pw.add_tensor("v", Encoding.F32, np.ones((2, 16), np.float32))
         pw.add_low_rank("lr", (4, 4, 4), ("u", "v"), 2)
-        pw.add_section(SectionKind.TOKENIZER, b"t" * 5000, name="tok", media_type="a/b")
+        tokenizer = b'{"t": "' + b"t" * 5000 + b'"}'  # JSON, as a tokenizer must be
+        pw.add_section(SectionKind.TOKENIZER, tokenizer, name="tok", media_type="a/b")
         pw.add_section(
             SectionKind.METADATA_JSON, b"{}", media_type="application/json", required=True
         )
@@ -743,11 +744,11 @@ def test_every_header_field_round_trips(tmp_path: Path) -> None:
             for s in h.sections
         ]
         assert secs == [
-            (SectionKind.TOKENIZER, "tok", "a/b", 1, 5000, False, True),
+            (SectionKind.TOKENIZER, "tok", "a/b", 1, 5009, False, True),
             (SectionKind.METADATA_JSON, "", "application/json", 0, 2, True, True),
             (SectionKind.PREFIX_KV_CACHE, "empty", "application/octet-stream", 0, 0, False, False),
         ]
-        assert pkg.section(SectionKind.TOKENIZER) == b"t" * 5000
+        assert pkg.section(SectionKind.TOKENIZER) == b'{"t": "' + b"t" * 5000 + b'"}'
         assert pkg.section(SectionKind.PREFIX_KV_CACHE, "empty") == b""
         np.testing.assert_array_equal(pkg.dequantize("lr"), np.full((4, 4, 4), 2, np.float32))
         pkg.verify()
