@@ -83,6 +83,7 @@ _OWN_STREAM_COST = 48  # bytes: frame header, block headers, Huffman tables, str
 _RANS_MIN = 1024  # bytes of a stream below which rANS's lane states cost more than it saves
 _SPARSE_MAX_DENSITY = 0.25  # non-zero byte share above which a sparse residual never wins
 _FACTOR_QMAX = (15, 31)  # precisions tried for FACTORS codes
+_ROW_BLOCK_ELEMENTS = 1 << 20  # elements per row block of whole-matrix arithmetic
 
 
 @dataclass(frozen=True)
@@ -448,6 +449,7 @@ class _Planner:
             zeros.view("<f2") if zeros is not None else None,
         )
         fit = fit_lowrank(lo, hi)
+        del lo, hi
         if fit is None:
             return None
         best = None
@@ -457,8 +459,7 @@ class _Planner:
             raw = quantize_factors(*fit, qmax)
             rank = fit[0].shape[1]
             factors = Factors(raw, rows, cols, rank)
-            corrected = w + factors.block(0, rows)
-            corrected[~np.isfinite(corrected)] = 0
+            corrected = _corrected(w, factors)
             fop = Op(OpKind.FACTORS, 0, 0, rows=rows, cols=cols, rank=rank)
             fchoice = _Choice(fop, np.frombuffer(raw, np.uint8), "factors", method="factors")
             fchoice.probe_size = self._probe(fchoice.residual)
@@ -655,6 +656,19 @@ def _data_choices(op: Op, raw: np.ndarray, klass: str, method: str) -> list[_Cho
             aux_class=f"{klass}/sparse/values",
         ),
     ]
+
+
+def _corrected(w: np.ndarray, factors: Factors) -> np.ndarray:
+    """``w`` plus the correction (non-finite values zeroed), computed by row blocks as the
+    patcher does: the whole product would be a float64 matrix twice ``w``'s size."""
+    out = np.empty_like(w)
+    rows, cols = w.shape
+    step = max(1, _ROW_BLOCK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        np.add(w[r0:r1], factors.block(r0, r1), out=out[r0:r1])
+    out[~np.isfinite(out)] = 0
+    return out
 
 
 def _cost(choices: list[_Choice]) -> int:

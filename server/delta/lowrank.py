@@ -117,9 +117,9 @@ def fit_lowrank(
     k_max = min(_MAX_FIT_RANK, rows // 4, cols // 4)
     if k_max < 1:
         return None
-    mid = 0.5 * (lo + hi)
     width = hi - lo
     noise = float(np.sqrt(np.mean(width.astype(np.float64) ** 2) / 12.0))
+    mid = 0.5 * (lo + hi)
     edge = noise * (np.sqrt(rows) + np.sqrt(cols))
     rng = np.random.default_rng(seed)
     q = _orth(mid @ rng.standard_normal((cols, k_max)).astype(_F32))
@@ -133,11 +133,13 @@ def fit_lowrank(
         return None
     q = (q @ vecs[:, ::-1][:, :rank].astype(_F32)).astype(_F32)
     x = mid
+    del mid
     for it in range(iterations):
         q = _orth(x @ (x.T @ q))
         low = q @ (q.T @ x)
         m = margin * (1.0 - it / iterations)
-        x = np.clip(low, lo + m * width, hi - m * width)
+        _clip_to_shrunken_box(low, lo, hi, width, m)
+        x = low
     p = (q.T @ x).astype(np.float64)
     q = q.astype(np.float64)
     # balance: L = (Q Up S^1/2)(S^1/2 Vt) so both factors carry similar magnitudes
@@ -147,6 +149,17 @@ def fit_lowrank(
     u = q @ up * np.sqrt(s)[None, :]
     v = np.sqrt(s)[:, None] * vt
     return u, v
+
+
+def _clip_to_shrunken_box(
+    x: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: np.ndarray, m: float
+) -> None:
+    """``x = clip(x, lo + m * width, hi - m * width)`` in place, a block of rows at a
+    time (the bounds of the whole matrix would be two more matrices)."""
+    step = max(1, _BLOCK_ELEMENTS // max(x.shape[1], 1))
+    for r in range(0, x.shape[0], step):
+        b = slice(r, r + step)
+        np.clip(x[b], lo[b] + m * width[b], hi[b] - m * width[b], out=x[b])
 
 
 def quantize_factors(u: np.ndarray, v: np.ndarray, qmax: int) -> bytes:
