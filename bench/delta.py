@@ -28,6 +28,15 @@ Each measured command runs in its own subprocess, so peak RSS is that of the wor
     python bench/delta.py [--quick] [--encodings int4,int8,int4s8] [--scenarios abABcde]
                           [--workdir DIR] [--json OUT.json] [--no-cache]
 
+``--synthetic-1b`` instead builds a pair with the shapes of a 1.1B Llama (TinyLlama-1.1B:
+hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab 32000, untied
+embeddings) from random weights, every matrix at int4-g32, NEW with a merged rank-16 LoRA
+on every linear weight of every third layer, and prints peak RSS and time of
+``edgepack diff`` and ``edgepack patch`` (issue 12 item 6: the diff must stay under twice
+the largest tensor as float32 plus 512 MiB). ``--layers N`` makes a smaller pair.
+
+    python bench/delta.py --synthetic-1b [--layers 22] [--workdir DIR]
+
 ``--quick`` skips bsdiff4 and xdelta3 (bsdiff4 takes minutes and GiBs per pair). The
 other tools' results are cached in the workdir by the SHA-256 of both packages, so a
 re-run only re-measures ours (``--no-cache`` re-measures everything).
@@ -39,6 +48,7 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -268,6 +278,95 @@ def _adapter_bytes(old: Path, rng: np.random.Generator) -> bytes:
     return save(tensors, metadata={"r": str(LORA_RANK), "lora_alpha": "32"})
 
 
+# ---------------------------------------------------------------- synthetic 1.1B pair
+
+TINYLLAMA = {  # TinyLlama-1.1B's shapes
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+SYNTHETIC_ENCODING = "int4-g32"
+SYNTHETIC_CHANGED_EVERY = 3  # layers i with i % 3 == 2 get the merged LoRA
+
+
+def synthetic_shapes(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Tensor names and shapes of a Llama with ``config``, in file order."""
+    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = h // config["num_attention_heads"] * config["num_key_value_heads"]
+    out = [("embed.weight", (v, h))]
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        out += [
+            (p + "attn_norm.weight", (h,)),
+            (p + "attn_q.weight", (h, h)),
+            (p + "attn_k.weight", (kv, h)),
+            (p + "attn_v.weight", (kv, h)),
+            (p + "attn_o.weight", (h, h)),
+            (p + "ffn_norm.weight", (h,)),
+            (p + "ffn_gate.weight", (f, h)),
+            (p + "ffn_up.weight", (f, h)),
+            (p + "ffn_down.weight", (h, f)),
+        ]
+    return [*out, ("norm.weight", (h,)), ("output.weight", (v, h))]
+
+
+def _synthetic_changed(name: str) -> bool:
+    if not name.startswith("layers.") or name.endswith("norm.weight"):
+        return False
+    return int(name.split(".")[1]) % SYNTHETIC_CHANGED_EVERY == SYNTHETIC_CHANGED_EVERY - 1
+
+
+def build_synthetic(old: Path, new: Path, layers: int, seed: int = 11) -> None:
+    """Write the OLD/NEW pair tensor by tensor: one float matrix (and its update) is alive
+    at a time, so the generator's memory is bounded by the embedding, not the model."""
+    from edgepack.packager.encode import encode_tensor, parse_encoding
+
+    config = dict(TINYLLAMA, num_hidden_layers=layers)
+    choice = parse_encoding(SYNTHETIC_ENCODING)
+    rng = np.random.default_rng(seed)
+    writers = [
+        PackageWriter(
+            path,
+            ModelIdentity("synthetic-1b", version, "llama", config),
+            required_operators=[(choice.encoding.info.operator, 1)],
+        )
+        for path, version in ((old, "1.0.0"), (new, "1.0.1"))
+    ]
+    try:
+        for name, shape in synthetic_shapes(config):
+            if len(shape) == 1:
+                w = np.ones(shape, np.float32)
+                for writer in writers:
+                    writer.add_tensor(name, Encoding.F32, w)
+                continue
+            w = rng.standard_normal(shape, dtype=np.float32)
+            w *= 0.02
+            encoded = [encode_tensor(w, choice, name)]
+            if _synthetic_changed(name):
+                w += lora_update(w, rng)
+                encoded.append(encode_tensor(w, choice, name))
+            del w
+            for writer, enc in zip(writers, (encoded[0], encoded[-1]), strict=True):
+                writer.add_tensor(
+                    name,
+                    choice.encoding,
+                    enc.codes,
+                    enc.scales,
+                    enc.zeros,
+                    shape=shape,
+                    group_size=choice.group_size,
+                )
+        for writer in writers:
+            writer.finish()
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        raise
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -446,6 +545,60 @@ def _file_key_cached(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+# Peak RSS of one command via getrusage(RUSAGE_CHILDREN) in a wrapper that runs only it
+# (the wrapper's own children are just that command, so the maximum is the command's).
+_CHILD_JOB = textwrap.dedent(
+    """
+    import resource, subprocess, sys, time
+    start = time.perf_counter()
+    subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - start
+    print(seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+    """
+)
+
+
+def _child_job(*cmd: str) -> tuple[float, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD_JOB, *cmd], check=True, capture_output=True, text=True
+    )
+    seconds, rss = out.stdout.split()[-2:]
+    return float(seconds), int(rss)
+
+
+def run_synthetic(work: Path, layers: int) -> int:
+    """Build (once) and measure the synthetic 1.1B pair; 1 when the RSS bar is missed."""
+    old, new = work / f"synthetic-{layers}l-old.epk", work / f"synthetic-{layers}l-new.epk"
+    if not (old.exists() and new.exists()):
+        start = time.perf_counter()
+        build_synthetic(old, new, layers)
+        print(f"built {old.name} and {new.name} in {time.perf_counter() - start:.0f} s")
+    delta, out = work / f"synthetic-{layers}l.epkd", work / f"synthetic-{layers}l-out.epk"
+    edgepack = str(Path(sys.executable).with_name("edgepack"))
+    try:
+        diff_s, diff_rss = _child_job(edgepack, "diff", str(old), str(new), "-o", str(delta))
+        patch_s, patch_rss = _child_job(edgepack, "patch", str(old), str(delta), "-o", str(out))
+        same = _same(out, new)
+        size = delta.stat().st_size
+        digest = _file_key(delta)
+    finally:
+        out.unlink(missing_ok=True)
+    config = dict(TINYLLAMA, num_hidden_layers=layers)
+    largest = max(math.prod(shape) for _, shape in synthetic_shapes(config)) * 4
+    bar = 2 * largest + (512 << 20)
+    print(f"synthetic pair, {layers} layers: OLD {_fmt_size(old.stat().st_size)}, "
+          f"NEW {_fmt_size(new.stat().st_size)}")
+    print(f"  diff:  {diff_s:7.1f} s  peak RSS {_fmt_rss(diff_rss)}")
+    print(f"  patch: {patch_s:7.1f} s  peak RSS {_fmt_rss(patch_rss)}  "
+          f"{'reproduces NEW' if same else 'DOES NOT reproduce NEW'}")
+    print(f"  delta: {_fmt_size(size)} ({100 * size / new.stat().st_size:.2f}% of NEW), "
+          f"sha256 {digest}")
+    ok = diff_rss < bar
+    print(f"  diff peak RSS < 2 x largest tensor as f32 ({_fmt_rss(largest)}) + 512 MiB "
+          f"= {_fmt_rss(bar)}: {'PASS' if ok else 'MISS'}")
+    return 0 if ok and same else 1
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -567,9 +720,22 @@ def main(argv: list[str] | None = None) -> int:
         help="re-measure the other tools (by default their results are cached in the workdir, "
         "keyed by the SHA-256 of both packages; ours is always measured)",
     )
+    ap.add_argument(
+        "--synthetic-1b",
+        action="store_true",
+        help="measure edgepack diff/patch on a random pair with a 1.1B Llama's shapes",
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=TINYLLAMA["num_hidden_layers"],
+        help="layers of the synthetic pair (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
+    if args.synthetic_1b:
+        return run_synthetic(work, args.layers)
     cache_path = work / "full-zstd.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     tools_path = work / "tool-results.json"

@@ -27,8 +27,9 @@ import math
 import mmap
 import os
 import shutil
+import tempfile
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ _OWN_STREAM_COST = 48  # bytes: frame header, block headers, Huffman tables, str
 _RANS_MIN = 1024  # bytes of a stream below which rANS's lane states cost more than it saves
 _SPARSE_MAX_DENSITY = 0.25  # non-zero byte share above which a sparse residual never wins
 _FACTOR_QMAX = (15, 31)  # precisions tried for FACTORS codes
+_ROW_BLOCK_ELEMENTS = 1 << 20  # elements per row block of whole-matrix arithmetic
 
 
 @dataclass(frozen=True)
@@ -123,13 +125,13 @@ class _Choice:
     """One coded target range: an op template plus its residual and stream class."""
 
     op: Op
-    residual: np.ndarray | None  # None for COPY / ZERO
+    residual: np.ndarray | _Spilled | None  # None for COPY / ZERO
     stream_class: str = ""
     dict_span: tuple[int, int] = (0, 0)
     method: str = ""
     probe_size: int = 0
     factors_of: _Choice | None = None  # the FACTORS choice a predicted op uses
-    aux: np.ndarray | None = None  # SPARSE: the non-zero bytes; PLANES: the high planes
+    aux: np.ndarray | _Spilled | None = None  # SPARSE: the non-zero bytes; PLANES: high planes
     aux_class: str = ""
 
 
@@ -142,21 +144,41 @@ def _elem_width(dtype: np.dtype, encoding: Encoding, part: int) -> int:
 
 
 class _Files:
-    """Read-only maps of both files as uint8 arrays."""
+    """Read-only maps of both files as uint8 arrays.
+
+    Pages read through a map count in the process's resident set until unmapped:
+    :meth:`release` drops them (the page cache keeps them) once a tensor is planned, so
+    reading two 1 GB packages does not make the creator a 2 GB process.
+    """
 
     def __init__(self, old: Path, new: Path) -> None:
         self._handles = []
-        self.old = self._map(old)
-        self.new = self._map(new)
+        self._maps: dict[str, mmap.mmap] = {}
+        self.old = self._map(old, "old")
+        self.new = self._map(new, "new")
 
-    def _map(self, path: Path) -> np.ndarray:
+    def _map(self, path: Path, which: str) -> np.ndarray:
         f = open(path, "rb")
         self._handles.append(f)
         if os.fstat(f.fileno()).st_size == 0:
             return np.empty(0, np.uint8)
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._handles.append(mm)
+        self._maps[which] = mm
         return np.frombuffer(mm, np.uint8)
+
+    def release(self, which: str, spans: Sequence[Span] = ()) -> None:
+        """Drop the resident pages of ``spans`` of file ``which`` (all of it by default);
+        a later read faults them back in from the page cache."""
+        mm = self._maps.get(which)
+        if mm is None:
+            return
+        ranges = [(s.offset, s.length) for s in spans if s.length] if spans else [(0, len(mm))]
+        for offset, length in ranges:
+            start = offset - offset % mmap.PAGESIZE
+            end = min(len(mm), -(-(offset + length) // mmap.PAGESIZE) * mmap.PAGESIZE)
+            if end > start:
+                mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def close(self) -> None:
         self.old = self.new = None  # type: ignore[assignment]
@@ -173,6 +195,81 @@ def _sha256_file(path: Path) -> bytes:
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.digest()
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """Where a residual went in the :class:`_Spool`."""
+
+    offset: int
+    length: int
+
+
+class _Spool:
+    """An anonymous temporary file the planned residuals are written to as soon as their
+    tensor is planned, and read back one stream at a time when the streams are coded:
+    the creator holds one tensor's candidates and one stream, never every residual."""
+
+    def __init__(self, directory: Path) -> None:
+        self._file = tempfile.TemporaryFile(dir=directory, prefix=".epkd-spool.")
+        self._end = 0
+        self._lock = threading.Lock()
+
+    def put(self, data: np.ndarray) -> _Spilled:
+        raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        with self._lock:
+            offset = self._end
+            self._end += raw.nbytes
+        _pwrite_all(self._file.fileno(), raw, offset)
+        return _Spilled(offset, raw.nbytes)
+
+    def gather(self, parts: Sequence[_Spilled]) -> bytearray:
+        """The concatenation of ``parts``."""
+        out = bytearray(sum(p.length for p in parts))
+        view, pos = memoryview(out), 0
+        for p in parts:
+            _pread_into(self._file.fileno(), view[pos : pos + p.length], p.offset)
+            pos += p.length
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data.nbytes:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    while view.nbytes:
+        n = os.preadv(fd, [view], offset)
+        if not n:
+            raise OSError(f"delta spool ends at {offset}")
+        view, offset = view[n:], offset + n
+
+
+def _spill(choices: Sequence[_Choice], spool: _Spool) -> None:
+    """Move the residuals of ``choices`` (and of the FACTORS they use) to ``spool``."""
+    for c in choices:
+        for choice in (c, c.factors_of) if c.factors_of is not None else (c,):
+            if isinstance(choice.residual, np.ndarray):
+                choice.residual = spool.put(choice.residual)
+            if isinstance(choice.aux, np.ndarray):
+                choice.aux = spool.put(choice.aux)
+
+
+def _bounded_map(pool: ThreadPoolExecutor, fn: Callable, items: Sequence, ahead: int):
+    """``pool.map(fn, items)`` with at most ``ahead`` results running or waiting: the
+    plain map submits everything, and results finished out of order pile up."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 class _Planner:
@@ -358,6 +455,7 @@ class _Planner:
             zeros.view("<f2") if zeros is not None else None,
         )
         fit = fit_lowrank(lo, hi)
+        del lo, hi
         if fit is None:
             return None
         best = None
@@ -367,8 +465,7 @@ class _Planner:
             raw = quantize_factors(*fit, qmax)
             rank = fit[0].shape[1]
             factors = Factors(raw, rows, cols, rank)
-            corrected = w + factors.block(0, rows)
-            corrected[~np.isfinite(corrected)] = 0
+            corrected = _corrected(w, factors)
             fop = Op(OpKind.FACTORS, 0, 0, rows=rows, cols=cols, rank=rank)
             fchoice = _Choice(fop, np.frombuffer(raw, np.uint8), "factors", method="factors")
             fchoice.probe_size = self._probe(fchoice.residual)
@@ -567,6 +664,19 @@ def _data_choices(op: Op, raw: np.ndarray, klass: str, method: str) -> list[_Cho
     ]
 
 
+def _corrected(w: np.ndarray, factors: Factors) -> np.ndarray:
+    """``w`` plus the correction (non-finite values zeroed), computed by row blocks as the
+    patcher does: the whole product would be a float64 matrix twice ``w``'s size."""
+    out = np.empty_like(w)
+    rows, cols = w.shape
+    step = max(1, _ROW_BLOCK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        np.add(w[r0:r1], factors.block(r0, r1), out=out[r0:r1])
+    out[~np.isfinite(out)] = 0
+    return out
+
+
 def _cost(choices: list[_Choice]) -> int:
     return sum(c.probe_size for c in choices if c.residual is not None)
 
@@ -578,14 +688,26 @@ def _matrix(shape: tuple[int, ...]) -> tuple[int, int]:
 # ------------------------------------------------------------------------- assembly
 
 
-def _plan(planner: _Planner, options: DeltaOptions) -> list[_Choice]:
-    """Choices covering the whole target, in target order (gaps filled later)."""
+def _plan(planner: _Planner, options: DeltaOptions, spool: _Spool) -> list[_Choice]:
+    """Choices covering the whole target, in target order (gaps filled later); the
+    tensors' residuals are in ``spool``."""
     new = planner.new
     pre = new.preamble
     choices: list[_Choice] = planner.head_choices()
     tensors = [t for t in new.header.tensors if t.encoding != Encoding.LOW_RANK]
-    with blas_single_thread(), ThreadPoolExecutor(max(1, options.workers)) as pool:
-        for result in pool.map(planner.tensor_choices, tensors):
+
+    def planned(t: TensorEntry) -> list[_Choice]:
+        out = planner.tensor_choices(t)
+        _spill(out, spool)
+        planner.files.release("new", t.spans)
+        named = planner.base_by_name.get(t.name)
+        if named is not None:
+            planner.files.release("old", named.spans)
+        return out
+
+    workers = max(1, options.workers)
+    with blas_single_thread(), ThreadPoolExecutor(workers) as pool:
+        for result in _bounded_map(pool, planned, tensors, workers):
             choices += result
     for sec in new.header.sections:
         if sec.data.length:
@@ -724,7 +846,9 @@ def _part_len(p: Prediction, part: int) -> int:
     return part_length(p.target_encoding, p.rows, p.cols, p.target_group_size, part)
 
 
-def _compress(data: bytes, level: int, dict_bytes: bytes | None) -> tuple[int, bytes]:
+def _compress(
+    data: bytes | bytearray, level: int, dict_bytes: bytes | None
+) -> tuple[int, bytes | bytearray]:
     if not data:
         return Codec.STORED, b""
     source = len(data) + (len(dict_bytes) if dict_bytes else 0)
@@ -751,7 +875,7 @@ def _compress(data: bytes, level: int, dict_bytes: bytes | None) -> tuple[int, b
     best = (Codec.ZSTD, packed)
     if not dict_bytes:
         if len(data) >= _RANS_MIN:  # memoryless residuals: order-0 rANS beats Huffman
-            coded = rans_encode(data)
+            coded = rans_encode(np.frombuffer(data, np.uint8))
             if len(coded) < len(packed):
                 best = (Codec.RANS, coded)
         if len(best[1]) >= len(data):
@@ -768,46 +892,65 @@ def create_delta(
     options: DeltaOptions | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DeltaStats:
-    """Write the delta turning package ``old`` into package ``new`` to ``out``."""
+    """Write the delta turning package ``old`` into package ``new`` to ``out``.
+
+    Memory is bounded by one tensor's working set (per worker) and one stream, not by the
+    packages: residuals wait in a spool file, coded streams in a payload file next to
+    ``out``, and the maps' pages are released as tensors are done.
+    """
     opt = options or DeltaOptions()
     old, new = Path(old), Path(new)
     out = check_output_path(out, (old, new), overwrite=True)
-    with Package.open(old) as old_pkg, Package.open(new) as new_pkg:
-        files = _Files(old, new)
-        planner = None
-        try:
-            planner = _Planner(old_pkg, new_pkg, files, opt)
-            choices = _order(_plan(planner, opt))
-            if progress:
-                progress("planned")
-            header, blobs, stats = _assemble(choices, planner, opt)
-            header = DeltaHeader(
-                base_file_size=files.old.size,
-                base_header_digest=old_pkg.preamble.header_digest,
-                base_file_sha256=_sha256_file(old),
-                target_file_size=files.new.size,
-                target_header_digest=new_pkg.preamble.header_digest,
-                target_file_sha256=_sha256_file(new),
-                payload_sha256=hashlib.sha256(b"".join(blobs)).digest(),
-                streams=header.streams,
-                ops=header.ops,
-            )
-        finally:
+    spool = _Spool(out.parent)
+    payload = tempfile.TemporaryFile(dir=out.parent, prefix=f".{out.name}.payload.")
+    try:
+        with Package.open(old) as old_pkg, Package.open(new) as new_pkg:
+            files = _Files(old, new)
             planner = None
-            files.close()
-    validate(header, sum(len(b) for b in blobs))
-    size = _write(out, header, blobs, signing_keys, opt, old)
+            try:
+                planner = _Planner(old_pkg, new_pkg, files, opt)
+                choices = _order(_plan(planner, opt, spool))
+                files.release("new")
+                files.release("old")
+                if progress:
+                    progress("planned")
+                header, digest, stats = _assemble(choices, planner, opt, spool, payload)
+                header = DeltaHeader(
+                    base_file_size=files.old.size,
+                    base_header_digest=old_pkg.preamble.header_digest,
+                    base_file_sha256=_sha256_file(old),
+                    target_file_size=files.new.size,
+                    target_header_digest=new_pkg.preamble.header_digest,
+                    target_file_sha256=_sha256_file(new),
+                    payload_sha256=digest,
+                    streams=header.streams,
+                    ops=header.ops,
+                )
+            finally:
+                planner = None
+                files.close()
+        spool.close()
+        validate(header, payload.tell())
+        size = _write(out, header, payload, signing_keys, opt, old)
+    finally:
+        spool.close()
+        payload.close()
     stats.path, stats.size = out, size
     return stats
 
 
-def _assemble(choices: list[_Choice], planner: _Planner, opt: DeltaOptions):
+def _assemble(
+    choices: list[_Choice], planner: _Planner, opt: DeltaOptions, spool: _Spool, payload
+) -> tuple[DeltaHeader, bytes, DeltaStats]:
+    """The op table and stream records; the streams' blobs are appended to ``payload``
+    in stream order. Returns ``(header, payload SHA-256, stats)``."""
     stats = DeltaStats(Path(), 0, len(choices), 0, 0, 0, 0)
     class_index: dict[tuple, int] = {}
-    stream_parts: list[list[np.ndarray]] = []
+    stream_parts: list[list[_Spilled]] = []
     stream_dicts: list[tuple[int, int]] = []
     ops: list[Op] = []
     position = {id(c): i for i, c in enumerate(choices)}
+    _spill(choices, spool)  # header, sections, gaps: the few not spilled while planning
     for c in choices:
         op = c.op
         if c.factors_of is not None:
@@ -843,7 +986,8 @@ def _assemble(choices: list[_Choice], planner: _Planner, opt: DeltaOptions):
         ops.append(op)
 
     def encode(i: int) -> tuple[Stream, bytes]:
-        data = b"".join(np.ascontiguousarray(p).tobytes() for p in stream_parts[i])
+        data = spool.gather(stream_parts[i])
+        stream_parts[i] = []
         off, n = stream_dicts[i]
         dict_bytes = planner.files.old[off : off + n].tobytes() if n else None
         codec, blob = _compress(data, opt.level, dict_bytes)
@@ -851,26 +995,28 @@ def _assemble(choices: list[_Choice], planner: _Planner, opt: DeltaOptions):
             off = n = 0
         return Stream(codec, len(blob), len(data), off, n), blob
 
-    with ThreadPoolExecutor(max(1, opt.workers)) as pool:
-        encoded = list(pool.map(encode, range(len(stream_parts))))
-    streams = tuple(s for s, _ in encoded)
-    blobs = [b for _, b in encoded]
+    streams: list[Stream] = []
+    digest = hashlib.sha256()
+    workers = max(1, opt.workers)
+    with ThreadPoolExecutor(workers) as pool:
+        for stream, blob in _bounded_map(pool, encode, range(len(stream_parts)), workers):
+            streams.append(stream)
+            digest.update(blob)
+            payload.write(blob)
     stats.streams = len(streams)
-    header = DeltaHeader(0, b"", b"", 0, b"", b"", b"", streams, tuple(ops))
-    return header, blobs, stats
+    header = DeltaHeader(0, b"", b"", 0, b"", b"", b"", tuple(streams), tuple(ops))
+    return header, digest.digest(), stats
 
 
 def _with_stream(op: Op, stream: int) -> Op:
     return dataclasses.replace(op, stream=stream)
 
 
-def _write(
-    out: Path, header: DeltaHeader, blobs: list[bytes], keys, opt: DeltaOptions, old: Path
-) -> int:
+def _write(out: Path, header: DeltaHeader, payload, keys, opt: DeltaOptions, old: Path) -> int:
     header_bytes = encode_header(header)
     digest = header_digest(header_bytes)
     signature = build_signature_block(digest, keys) if keys else b""
-    payload_length = sum(len(b) for b in blobs)
+    payload_length = payload.tell()
     payload_offset = PREAMBLE_SIZE + len(header_bytes)
     pre = DeltaPreamble(
         header_offset=PREAMBLE_SIZE,
@@ -887,8 +1033,8 @@ def _write(
         with os.fdopen(fd, "wb") as f:
             f.write(pre.pack())
             f.write(header_bytes)
-            for b in blobs:
-                f.write(b)
+            payload.seek(0)
+            shutil.copyfileobj(payload, f, _HASH_CHUNK)
             f.write(signature)
             f.flush()
             os.fsync(f.fileno())

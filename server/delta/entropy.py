@@ -19,6 +19,7 @@ __all__ = ["normalized_frequencies", "rans_encode"]
 _TOTAL = 1 << PROB_BITS
 _SYMBOLS_PER_LANE = 8192  # lanes = length / this (one Python step per `lanes` symbols)
 _MAX_AUTO_LANES = 128  # each lane costs 4 bytes of final state
+_COUNT_CHUNK = 1 << 20
 
 
 def normalized_frequencies(counts: np.ndarray) -> np.ndarray:
@@ -42,6 +43,15 @@ def normalized_frequencies(counts: np.ndarray) -> np.ndarray:
     return freq
 
 
+def _byte_counts(sym: np.ndarray) -> np.ndarray:
+    """Occurrences of each byte value, counted in chunks: ``bincount`` widens its input
+    to intp, eight times the stream's size at once."""
+    counts = np.zeros(256, np.int64)
+    for start in range(0, sym.size, _COUNT_CHUNK):
+        counts += np.bincount(sym[start : start + _COUNT_CHUNK], minlength=256)
+    return counts
+
+
 def rans_encode(data: bytes | np.ndarray, lanes: int | None = None) -> bytes:
     """The RANS blob of ``data`` (spec/DELTA.md section 3.1)."""
     sym = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data
@@ -51,7 +61,7 @@ def rans_encode(data: bytes | np.ndarray, lanes: int | None = None) -> bytes:
         lanes = int(np.clip(n // _SYMBOLS_PER_LANE, 1, _MAX_AUTO_LANES))
     if not 1 <= lanes <= MAX_LANES:
         raise ValueError(f"lanes must be 1..{MAX_LANES}")
-    counts = np.bincount(sym, minlength=256)
+    counts = _byte_counts(sym)
     if not counts.any():
         counts[0] = 1  # an empty stream still carries a valid table
     freq = normalized_frequencies(counts)

@@ -29,20 +29,46 @@ _MAX_FIT_RANK = 32
 _NOISE_MARGIN = 1.5
 
 
+_BLOCK_ELEMENTS = 1 << 20  # elements per row block of the element-wise passes
+
+
 def cell_bounds(
     w_old: np.ndarray, encoding: Encoding, group_size: int, codes, scales, zeros
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per element, the interval the update ``new - w_old`` must lie in for the new
-    tensor to quantize to the given codes (its scales taken as known)."""
+    tensor to quantize to the given codes (its scales taken as known).
+
+    Computed a block of rows at a time: the element-wise steps need a dozen
+    temporaries, which for a whole matrix would be ten times its float32 size."""
     rows, cols = w_old.shape
+    lo = np.empty((rows, cols), _F32)
+    hi = np.empty((rows, cols), _F32)
     if not encoding.is_group:  # int8 per channel
-        q = np.asarray(codes).view(np.int8).reshape(rows, cols).astype(_F32)
-        d = np.repeat(np.asarray(scales, _F32).reshape(rows, 1), cols, axis=1)
+        codes = np.asarray(codes).view(np.int8).reshape(rows, cols)
+        scales = np.asarray(scales, _F32).reshape(rows, 1)
+    else:
+        codes = np.asarray(codes).view(np.uint8).reshape(rows, -1)
+        scales = np.asarray(scales).reshape(rows, -1)
+        zeros = np.asarray(zeros).reshape(rows, -1) if not encoding.is_symmetric else None
+    step = max(1, _BLOCK_ELEMENTS // max(cols, 1))
+    for r in range(0, rows, step):
+        block = slice(r, min(rows, r + step))
+        zero_block = zeros[block] if zeros is not None else None
+        lo[block], hi[block] = _cell_bounds_block(
+            w_old[block], encoding, group_size, codes[block], scales[block], zero_block
+        )
+    return lo, hi
+
+
+def _cell_bounds_block(w_old, encoding: Encoding, group_size: int, codes, scales, zeros):
+    cols = w_old.shape[1]
+    if not encoding.is_group:
+        q = codes.astype(_F32)
+        d = np.repeat(scales, cols, axis=1)
         lo_q, hi_q = -127, 127
     else:
-        packed = np.asarray(codes).view(np.uint8).reshape(rows, -1)
-        q = codecs.unpack_codes(packed, encoding.bits).astype(_F32)
-        d = np.repeat(np.asarray(scales).astype(_F32).reshape(rows, -1), group_size, axis=1)
+        q = codecs.unpack_codes(codes, encoding.bits).astype(_F32)
+        d = np.repeat(scales.astype(_F32), group_size, axis=1)
         half = 1 << (encoding.bits - 1)
         if encoding.is_symmetric:
             q -= half
@@ -52,7 +78,7 @@ def cell_bounds(
     with np.errstate(all="ignore"):
         base = q * d
         if not encoding.is_symmetric:
-            base += np.repeat(np.asarray(zeros).astype(_F32).reshape(rows, -1), group_size, axis=1)
+            base += np.repeat(zeros.astype(_F32), group_size, axis=1)
         half = 0.5 * np.abs(d)
         lo, hi = base - half - w_old, base + half - w_old
         # a clipped code only bounds the value on one side; keep a finite box anyway
@@ -63,7 +89,7 @@ def cell_bounds(
         lo[open_lo] -= 4 * half[open_lo]
     bad = ~(np.isfinite(lo) & np.isfinite(hi))
     lo[bad], hi[bad] = 0, 0
-    return lo.astype(_F32), hi.astype(_F32)
+    return lo, hi
 
 
 def _orth(y: np.ndarray) -> np.ndarray:
@@ -93,9 +119,9 @@ def fit_lowrank(
     k_max = min(_MAX_FIT_RANK, rows // 4, cols // 4)
     if k_max < 1:
         return None
-    mid = 0.5 * (lo + hi)
     width = hi - lo
     noise = float(np.sqrt(np.mean(width.astype(np.float64) ** 2) / 12.0))
+    mid = 0.5 * (lo + hi)
     edge = noise * (np.sqrt(rows) + np.sqrt(cols))
     rng = np.random.default_rng(seed)
     q = _orth(mid @ rng.standard_normal((cols, k_max)).astype(_F32))
@@ -109,11 +135,13 @@ def fit_lowrank(
         return None
     q = (q @ vecs[:, ::-1][:, :rank].astype(_F32)).astype(_F32)
     x = mid
+    del mid
     for it in range(iterations):
         q = _orth(x @ (x.T @ q))
         low = q @ (q.T @ x)
         m = margin * (1.0 - it / iterations)
-        x = np.clip(low, lo + m * width, hi - m * width)
+        _clip_to_shrunken_box(low, lo, hi, width, m)
+        x = low
     p = (q.T @ x).astype(np.float64)
     q = q.astype(np.float64)
     # balance: L = (Q Up S^1/2)(S^1/2 Vt) so both factors carry similar magnitudes
@@ -123,6 +151,17 @@ def fit_lowrank(
     u = q @ up * np.sqrt(s)[None, :]
     v = np.sqrt(s)[:, None] * vt
     return u, v
+
+
+def _clip_to_shrunken_box(
+    x: np.ndarray, lo: np.ndarray, hi: np.ndarray, width: np.ndarray, m: float
+) -> None:
+    """``x = clip(x, lo + m * width, hi - m * width)`` in place, a block of rows at a
+    time (the bounds of the whole matrix would be two more matrices)."""
+    step = max(1, _BLOCK_ELEMENTS // max(x.shape[1], 1))
+    for r in range(0, x.shape[0], step):
+        b = slice(r, r + step)
+        np.clip(x[b], lo[b] + m * width[b], hi[b] - m * width[b], out=x[b])
 
 
 def quantize_factors(u: np.ndarray, v: np.ndarray, qmax: int) -> bytes:
