@@ -14,11 +14,18 @@ from .exit_codes import EXIT_OK
 from .options import (
     json_option,
     output_option,
+    release_options,
     sign_key_option,
     threshold_option,
     trusted_key_option,
 )
 from .progress import progress_bars
+
+
+def encoding_help() -> str:
+    from edgepack.packager.encode import encoding_help as registry_help
+
+    return registry_help()
 
 
 @click.command()
@@ -39,8 +46,8 @@ def keygen(name: str) -> None:
     "--encoding",
     default="f32",
     show_default=True,
-    help="f32 | f16 | bf16 | int8 | int4|int3|int2-g16|g32|g64|g128, then -asym for "
-    "asymmetric groups and -s8 for 8-bit group scales (e.g. int4-g32-asym-s8).",
+    help=f"{encoding_help()}: -asym for asymmetric groups, -s8 for 8-bit group "
+    "scales (e.g. int4-g32-asym-s8).",
 )
 @click.option(
     "--embedding-encoding",
@@ -48,28 +55,19 @@ def keygen(name: str) -> None:
     help="Encoding of the token embedding / output head (default: int8 with int4).",
 )
 @sign_key_option("the package")
-@click.option(
-    "--min-runtime-version",
-    default=None,
-    help="Oldest runtime allowed to load the package (default: this edgepack).",
-)
-@click.option(
-    "--model-version",
-    default="1.0.0",
-    show_default=True,
-    help="Semantic version of this model release.",
-)
+@release_options
 def convert(
     src: str,
     out: str,
     encoding: str,
     embedding_encoding: str | None,
     sign_keys: tuple[str, ...],
-    min_runtime_version: str | None,
+    model_name: str | None,
     model_version: str,
+    min_runtime_version: str | None,
 ) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
-    from edgepack.format import load_private_key, parse_semver
+    from edgepack.format import load_private_key
     from edgepack.packager.convert import convert as run_convert
     from edgepack.packager.encode import parse_encoding
 
@@ -77,15 +75,6 @@ def convert(
         if value is not None:
             try:
                 parse_encoding(value)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint=label) from None
-    for label, value in (
-        ("--min-runtime-version", min_runtime_version),
-        ("--model-version", model_version),
-    ):
-        if value is not None:
-            try:
-                parse_semver(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=label) from None
     keys = [load_private_key(k) for k in sign_keys]
@@ -98,9 +87,12 @@ def convert(
             signing_keys=keys,
             min_runtime_version=min_runtime_version,
             model_version=model_version,
+            model_name=model_name,
             on_start=bar.start,
             on_tensor=lambda name, n: bar.advance(n, name),
         )
+    for plan in result.fallbacks:  # never silent: the file differs from what was asked
+        click.echo(f"note: {plan.name}: {plan.reason}", err=True)
     size = Path(out).stat().st_size
     by_enc = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(result.tensor_bytes.items()))
     click.echo(

@@ -20,7 +20,10 @@ __all__ = [
     "json_option",
     "kernels_option",
     "kernels_or_none",
+    "model_name_value",
     "output_option",
+    "release_options",
+    "semver_value",
     "sign_key_option",
     "store_option",
     "threads_option",
@@ -92,6 +95,64 @@ kernels_option: Decorator = click.option(
 threads_option: Decorator = click.option(
     "--threads", default=None, type=int, help="Kernel threads (default: all CPUs)."
 )
+
+
+def semver_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a semantic version or a usage error."""
+    from edgepack.format import parse_semver
+
+    if value is not None:
+        try:
+            parse_semver(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def model_name_value(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """Click callback: a model name ``publish`` accepts, or a usage error."""
+    from edgepack.format.names import check_name
+
+    if value is not None:
+        try:
+            check_name("model", value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--model-name``, ``--model-version``, ``--min-runtime-version`` (what a package
+    says about its release), passed as ``model_name``, ``model_version``,
+    ``min_runtime_version``; checked by the rules ``publish`` applies."""
+    for option in reversed(
+        (
+            click.option(
+                "--model-name",
+                default=None,
+                callback=model_name_value,
+                help="Model name publish files it under (default: the source's name, "
+                "slugged: 'Smollm2 135M' -> smollm2-135m).",
+            ),
+            click.option(
+                "--model-version",
+                default="1.0.0",
+                show_default=True,
+                callback=semver_value,
+                help="Semantic version of this model release.",
+            ),
+            click.option(
+                "--min-runtime-version",
+                default=None,
+                callback=semver_value,
+                help="Oldest runtime allowed to load the package (default: this edgepack).",
+            ),
+        )
+    ):
+        func = option(func)
+    return func
 
 
 
