@@ -35,8 +35,8 @@ __all__ = [
     "check_release_fields",
     "convert",
     "plan_encodings",
-    "resolve_model_name",
     "required_operators",
+    "resolve_model_name",
 ]
 
 EMBEDDING_NAMES = ("embed.weight", "output.weight")
