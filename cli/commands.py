@@ -31,7 +31,8 @@ def encoding_help() -> str:
 @click.command()
 @click.argument("name", type=click.Path(dir_okay=False))
 def keygen(name: str) -> None:
-    """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
+    """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub (a .key or
+    .pub ending of NAME is dropped)."""
     from edgepack.format import generate_keypair, key_id, load_public_key
 
     key_path, pub_path = generate_keypair(name)

@@ -23,6 +23,7 @@ from .compat import parse_semver
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE
 from .errors import TruncatedPackageError
 from .file_layout import align
+from .file_mode import honour_umask
 from .header import Header, ModelIdentity, Span, encode_header
 from .header_decode import decode_header
 from .names import check_name
@@ -140,6 +141,7 @@ def _write(
             f.seek(pre.data_end)
             f.write(signature)
             f.flush()
+            honour_umask(f.fileno())
             os.fsync(f.fileno())
         os.replace(tmp, out)
     except BaseException:

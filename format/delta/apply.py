@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgepack.format.file_mode import honour_umask
 from edgepack.format.signing import parse_signature_block, verify_signature_block
 
 from .container import (
@@ -248,6 +249,7 @@ def _write_target(d: DeltaFile, base_fd: int, out: Path, progress) -> tuple[int,
             raise TargetMismatchError(
                 "patched file does not match the delta's target hash (corrupt base or delta)"
             )
+        honour_umask(fd)  # a package others (a web server) read: not mkstemp's 0600
         os.fsync(fd)
         os.close(fd)
         fd = -1

@@ -39,6 +39,7 @@ import zstandard
 
 from edgepack.format import Encoding, Package
 from edgepack.format.delta.apply import apply_delta
+from edgepack.format.file_mode import honour_umask
 from edgepack.format.delta.container import (
     PREAMBLE_SIZE,
     PREDICT_FROM,
@@ -883,6 +884,7 @@ def _write(
                 f.write(b)
             f.write(signature)
             f.flush()
+            honour_umask(f.fileno())  # served to devices: not mkstemp's 0600
             os.fsync(f.fileno())
         if opt.verify:
             check_dir = tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.verify.")
