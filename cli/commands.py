@@ -106,11 +106,22 @@ def convert(
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @json_option("the whole header")
 def inspect(package: str, as_json: bool) -> None:
-    """Show versions, identity, sections and a tensor table summary."""
+    """Show versions, identity, sections and a tensor table summary (of a package), or
+    base, target and coding (of a delta, .epkd)."""
     from edgepack.format import Package
+    from edgepack.format.delta import DELTA_MAGIC, DeltaFile
 
     from .describe import describe_header, header_to_json
 
+    with open(package, "rb") as f:
+        is_delta = f.read(len(DELTA_MAGIC)) == DELTA_MAGIC
+    if is_delta:
+        from .describe_delta import delta_to_json, describe_delta
+
+        with DeltaFile.open(package) as delta:
+            text = json.dumps(delta_to_json(delta), indent=2) if as_json else None
+            click.echo(text or describe_delta(delta, Path(package).name))
+        return
     with Package.open(package) as pkg:
         if as_json:
             click.echo(json.dumps(header_to_json(pkg), indent=2))

@@ -94,3 +94,23 @@ def test_packages_honour_the_umask(tmp_path: Path) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_inspect_describes_a_delta(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from pkgfactory import build_package
+
+    old = build_package(tmp_path / "old.epk", seed=0).path
+    new = build_package(tmp_path / "new.epk", seed=1).path
+    delta = tmp_path / "u.epkd"
+    assert main(["diff", str(old), str(new), "-o", str(delta)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(delta)]) == 0
+    text = capsys.readouterr().out
+    assert "edgepack delta" in text and "unsigned" in text
+    assert f"{new.stat().st_size:,} bytes" in text
+    assert main(["inspect", str(delta), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "delta" and doc["target"]["file_size"] == new.stat().st_size
+    assert doc["file_size"] == delta.stat().st_size
