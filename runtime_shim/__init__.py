@@ -13,6 +13,15 @@ The packager's measurements (calibration, sensitivity, device profiles) go throu
 public submodule :mod:`edgepack.runtime_shim.instrument`, which apps never import.
 """
 
+from edgepack.format.errors import (  # what open() raises, catchable from here
+    CorruptPackageError,
+    EdgepackError,
+    IncompatiblePackageError,
+    SignatureError,
+    TruncatedPackageError,
+    UnsupportedFeatureError,
+)
+
 from .capabilities import runtime_capabilities, runtime_version
 from .errors import (
     ChatTemplateError,
@@ -32,7 +41,10 @@ from .tokenizer import Tokenizer
 
 __all__ = [
     "ChatTemplateError",
+    "CorruptPackageError",
+    "EdgepackError",
     "GenerationStats",
+    "IncompatiblePackageError",
     "KVCacheConfig",
     "KVCacheFullError",
     "KernelStatus",
@@ -42,8 +54,11 @@ __all__ = [
     "RuntimeShimError",
     "SamplingParams",
     "Session",
+    "SignatureError",
     "Tokenizer",
     "TokenizerUnavailableError",
+    "TruncatedPackageError",
+    "UnsupportedFeatureError",
     "open",
     "runtime_capabilities",
     "runtime_version",
