@@ -39,7 +39,6 @@ import zstandard
 
 from edgepack.format import Encoding, Package
 from edgepack.format.delta.apply import apply_delta
-from edgepack.format.file_mode import honour_umask
 from edgepack.format.delta.container import (
     PREAMBLE_SIZE,
     PREDICT_FROM,
@@ -66,6 +65,7 @@ from edgepack.format.delta.predict import (
     predict_part,
 )
 from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
+from edgepack.format.file_mode import honour_umask
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.header_decode import offset_vectors
 from edgepack.format.layout import tensor_layout
