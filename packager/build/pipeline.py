@@ -31,6 +31,7 @@ from .budget import (
     check_size_floor,
     fixed_for,
     fixed_overhead,
+    group_fallbacks,
     latency_model,
     size_target,
     stored_size,
@@ -227,6 +228,7 @@ def _build(
         calibration=calib_report,
         probe=m.probe_info,
         scaling=scaling,
+        fallbacks=group_fallbacks(fm, recipe, candidates),
     )
     if m.fq is not None and searching:  # the whole plan on the probe tokens
         t = time.perf_counter()

@@ -118,3 +118,20 @@ def test_build_sets_name_version_and_runtime_floor(gguf: Path, tmp_path: Path) -
 def test_build_refuses_bad_release_fields(gguf: Path, tmp_path: Path, extra: list[str]) -> None:
     assert main(["build", str(gguf), "-o", str(tmp_path / "m.epk"), *extra]) == 2
     assert not (tmp_path / "m.epk").exists()
+
+
+def test_build_names_each_fallback_in_output_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    src = tmp_path / "odd.gguf"
+    spec = TinyLlamaSpec(hidden_size=96, intermediate_size=192, vocab_size=288)
+    write_gguf_llama(src, spec, tiny_llama_weights(spec))
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[quantize]\nencodings = ["int4-g64"]\nalgorithm = "rtn"\nscale_search = false\n'
+    )
+    out = tmp_path / "m.epk"
+    assert main(["build", str(src), "-o", str(out), "--recipe", str(recipe)]) == 0
+    note = "layers.0.attn_q.weight: row length 96 not divisible by the group of int4-g64"
+    assert f"note: {note}: int8 instead" in capsys.readouterr().out
+    assert note in (tmp_path / "m.report.md").read_text()
