@@ -12,6 +12,7 @@ import click
 
 from .exit_codes import EXIT_OK
 from .options import (
+    LazyHelpOption,
     json_option,
     output_option,
     release_options,
@@ -45,10 +46,11 @@ def keygen(name: str) -> None:
 @output_option("Package to write (.epk).")
 @click.option(
     "--encoding",
+    cls=LazyHelpOption,
     default="f32",
     show_default=True,
-    help=f"{encoding_help()}: -asym for asymmetric groups, -s8 for 8-bit group "
-    "scales (e.g. int4-g32-asym-s8).",
+    help_text=lambda: f"{encoding_help()}: -asym for asymmetric groups, -s8 for 8-bit "
+    "group scales (e.g. int4-g32-asym-s8).",
 )
 @click.option(
     "--embedding-encoding",

@@ -16,6 +16,7 @@ __all__ = [
     "ACTIVATIONS_CHOICE",
     "KERNEL_CHOICES",
     "KV_CHOICE",
+    "LazyHelpOption",
     "endpoint_option",
     "json_option",
     "kernels_option",
@@ -38,6 +39,19 @@ KV_CHOICE = click.Choice(["int8", "float"])  # KV cache storage
 ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 
 _KEY_FILE = click.Path(exists=True, dir_okay=False)
+
+
+class LazyHelpOption(click.Option):
+    """An option whose help is computed only when help is shown (``help_text``, a
+    function): help read from a registry must not make every command import it."""
+
+    def __init__(self, *args: Any, help_text: Callable[[], str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._help_text = help_text
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self._help_text()
+        return super().get_help_record(ctx)
 
 
 def output_option(help: str) -> Decorator:
