@@ -22,9 +22,9 @@ from pathlib import Path
 from .compat import parse_semver
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE
 from .errors import TruncatedPackageError
-from .file_layout import align
+from .file_layout import align, shift_spans
 from .file_mode import honour_umask
-from .header import Header, ModelIdentity, Span, encode_header
+from .header import Header, ModelIdentity, encode_header
 from .header_decode import decode_header
 from .names import check_name
 from .preamble import Preamble
@@ -95,28 +95,13 @@ def _encode_before_data(header: Header, old: Preamble) -> tuple[bytes, int]:
     it, else the first page after it (spans shifted by the difference)."""
     offset = old.data_offset
     for _ in range(4):
-        shifted = _shift(header, offset - old.data_offset)
+        shifted = shift_spans(header, offset - old.data_offset)
         encoded = encode_header(shifted)
         needed = align(PREAMBLE_SIZE + len(encoded), DATA_REGION_ALIGNMENT)
         if needed <= offset:
             return encoded, offset
         offset = needed
     raise RuntimeError("header size did not converge")  # pragma: no cover
-
-
-def _shift(header: Header, delta: int) -> Header:
-    if not delta:
-        return header
-
-    def move(span: Span) -> Span:
-        return Span(span.offset + delta, span.length) if span.length else span
-
-    tensors = tuple(
-        replace(t, codes=move(t.codes), scales=move(t.scales), zeros=move(t.zeros))
-        for t in header.tensors
-    )
-    sections = tuple(replace(s, data=move(s.data)) for s in header.sections)
-    return replace(header, tensors=tensors, sections=sections)
 
 
 def _write(
