@@ -15,6 +15,7 @@ from .options import (
     kernels_option,
     kernels_or_none,
     output_option,
+    release_options,
     sign_key_option,
     threads_option,
 )
@@ -31,6 +32,7 @@ from .progress import progress_bars
 @click.option("--lut", type=click.Path(exists=True, dir_okay=False), help="profile-device output.")
 @click.option("--calib", type=click.Path(exists=True, dir_okay=False), help="Text or JSONL.")
 @sign_key_option("the package")
+@release_options
 @click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
 def build(
     src: str,
@@ -42,6 +44,9 @@ def build(
     lut: str | None,
     calib: str | None,
     sign_keys: tuple[str, ...],
+    model_name: str | None,
+    model_version: str,
+    min_runtime_version: str | None,
     no_report: bool,
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
@@ -71,6 +76,9 @@ def build(
             progress=bar,
             report=not no_report,
             lut=table,
+            model_name=model_name,
+            model_version=model_version,
+            min_runtime_version=min_runtime_version,
         )
     for line in result.summary():
         click.echo(line)

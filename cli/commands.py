@@ -12,8 +12,10 @@ import click
 
 from .exit_codes import EXIT_OK
 from .options import (
+    LazyHelpOption,
     json_option,
     output_option,
+    release_options,
     require_signature_option,
     sign_key_option,
     threshold_option,
@@ -23,10 +25,17 @@ from .options import (
 from .progress import progress_bars
 
 
+def encoding_help() -> str:
+    from edgepack.packager.encode import encoding_help as registry_help
+
+    return registry_help()
+
+
 @click.command()
 @click.argument("name", type=click.Path(dir_okay=False))
 def keygen(name: str) -> None:
-    """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
+    """Create an Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub (a .key or
+    .pub ending of NAME is dropped)."""
     from edgepack.format import generate_keypair, key_id, load_public_key
     from edgepack.format.output_file import check_output_path
 
@@ -42,10 +51,11 @@ def keygen(name: str) -> None:
 @output_option("Package to write (.epk).", inputs=("src",))
 @click.option(
     "--encoding",
+    cls=LazyHelpOption,
     default="f32",
     show_default=True,
-    help="f32 | f16 | bf16 | int8 | int4|int3|int2-g16|g32|g64|g128, then -asym for "
-    "asymmetric groups and -s8 for 8-bit group scales (e.g. int4-g32-asym-s8).",
+    help_text=lambda: f"{encoding_help()}: -asym for asymmetric groups, -s8 for 8-bit "
+    "group scales (e.g. int4-g32-asym-s8).",
 )
 @click.option(
     "--embedding-encoding",
@@ -53,28 +63,19 @@ def keygen(name: str) -> None:
     help="Encoding of the token embedding / output head (default: int8 with int4).",
 )
 @sign_key_option("the package")
-@click.option(
-    "--min-runtime-version",
-    default=None,
-    help="Oldest runtime allowed to load the package (default: this edgepack).",
-)
-@click.option(
-    "--model-version",
-    default="1.0.0",
-    show_default=True,
-    help="Semantic version of this model release.",
-)
+@release_options
 def convert(
     src: str,
     out: str,
     encoding: str,
     embedding_encoding: str | None,
     sign_keys: tuple[str, ...],
-    min_runtime_version: str | None,
+    model_name: str | None,
     model_version: str,
+    min_runtime_version: str | None,
 ) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
-    from edgepack.format import load_private_key, parse_semver
+    from edgepack.format import load_private_key
     from edgepack.packager.convert import convert as run_convert
     from edgepack.packager.encode import parse_encoding
 
@@ -82,15 +83,6 @@ def convert(
         if value is not None:
             try:
                 parse_encoding(value)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint=label) from None
-    for label, value in (
-        ("--min-runtime-version", min_runtime_version),
-        ("--model-version", model_version),
-    ):
-        if value is not None:
-            try:
-                parse_semver(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=label) from None
     keys = [load_private_key(k) for k in sign_keys]
@@ -103,9 +95,12 @@ def convert(
             signing_keys=keys,
             min_runtime_version=min_runtime_version,
             model_version=model_version,
+            model_name=model_name,
             on_start=bar.start,
             on_tensor=lambda name, n: bar.advance(n, name),
         )
+    for plan in result.fallbacks:  # never silent: the file differs from what was asked
+        click.echo(f"note: {plan.name}: {plan.reason}", err=True)
     size = Path(out).stat().st_size
     by_enc = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(result.tensor_bytes.items()))
     click.echo(
@@ -118,11 +113,22 @@ def convert(
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @json_option("the whole header")
 def inspect(package: str, as_json: bool) -> None:
-    """Show versions, identity, sections and a tensor table summary."""
+    """Show versions, identity, sections and a tensor table summary (of a package), or
+    base, target and coding (of a delta, .epkd)."""
     from edgepack.format import Package
+    from edgepack.format.delta import DELTA_MAGIC, DeltaFile
 
     from .describe import describe_header, header_to_json
 
+    with open(package, "rb") as f:
+        is_delta = f.read(len(DELTA_MAGIC)) == DELTA_MAGIC
+    if is_delta:
+        from .describe_delta import delta_to_json, describe_delta
+
+        with DeltaFile.open(package) as delta:
+            text = json.dumps(delta_to_json(delta), indent=2) if as_json else None
+            click.echo(text or describe_delta(delta, Path(package).name))
+        return
     with Package.open(package) as pkg:
         if as_json:
             click.echo(json.dumps(header_to_json(pkg), indent=2))

@@ -18,14 +18,18 @@ __all__ = [
     "ACTIVATIONS_CHOICE",
     "KERNEL_CHOICES",
     "KV_CHOICE",
+    "LazyHelpOption",
     "endpoint_option",
     "force_option",
     "json_option",
     "json_requested",
     "kernels_option",
     "kernels_or_none",
+    "model_name_value",
     "output_option",
+    "release_options",
     "require_signature_option",
+    "semver_value",
     "sign_key_option",
     "store_option",
     "threads_option",
@@ -41,6 +45,19 @@ KV_CHOICE = click.Choice(["int8", "float"])  # KV cache storage
 ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 
 _KEY_FILE = click.Path(exists=True, dir_okay=False)
+
+
+class LazyHelpOption(click.Option):
+    """An option whose help is computed only when help is shown (``help_text``, a
+    function): help read from a registry must not make every command import it."""
+
+    def __init__(self, *args: Any, help_text: Callable[[], str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._help_text = help_text
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = self._help_text()
+        return super().get_help_record(ctx)
 
 
 def output_option(help: str, inputs: tuple[str, ...] = ()) -> Decorator:
@@ -128,6 +145,64 @@ kernels_option: Decorator = click.option(
 threads_option: Decorator = click.option(
     "--threads", default=None, type=int, help="Kernel threads (default: all CPUs)."
 )
+
+
+def semver_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a semantic version or a usage error."""
+    from edgepack.format import parse_semver
+
+    if value is not None:
+        try:
+            parse_semver(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def model_name_value(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """Click callback: a model name ``publish`` accepts, or a usage error."""
+    from edgepack.format.names import check_name
+
+    if value is not None:
+        try:
+            check_name("model", value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--model-name``, ``--model-version``, ``--min-runtime-version`` (what a package
+    says about its release), passed as ``model_name``, ``model_version``,
+    ``min_runtime_version``; checked by the rules ``publish`` applies."""
+    for option in reversed(
+        (
+            click.option(
+                "--model-name",
+                default=None,
+                callback=model_name_value,
+                help="Model name publish files it under (default: the source's name, "
+                "slugged: 'Smollm2 135M' -> smollm2-135m).",
+            ),
+            click.option(
+                "--model-version",
+                default="1.0.0",
+                show_default=True,
+                callback=semver_value,
+                help="Semantic version of this model release.",
+            ),
+            click.option(
+                "--min-runtime-version",
+                default=None,
+                callback=semver_value,
+                help="Oldest runtime allowed to load the package (default: this edgepack).",
+            ),
+        )
+    ):
+        func = option(func)
+    return func
 
 
 

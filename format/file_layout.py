@@ -32,7 +32,7 @@ from .header import (
 )
 from .signing import build_signature_block
 
-__all__ = ["DIGEST_PLACEHOLDER", "FileLayout", "align", "signature_length"]
+__all__ = ["DIGEST_PLACEHOLDER", "FileLayout", "align", "shift_spans", "signature_length"]
 
 DIGEST_PLACEHOLDER = bytes(DIGEST_SIZE)  # same length as the real digest: same header size
 
@@ -44,6 +44,23 @@ def align(value: int, alignment: int) -> int:
 def signature_length(keys: Sequence[object]) -> int:
     """Bytes of the signature block for ``keys`` (Ed25519 signatures are fixed-size)."""
     return len(build_signature_block(DIGEST_PLACEHOLDER, keys)) if keys else 0
+
+
+def shift_spans(header: Header, delta: int) -> Header:
+    """``header`` with every non-empty span moved by ``delta`` bytes (the data region
+    placed, or moved, that far)."""
+    if not delta:
+        return header
+
+    def move(span: Span) -> Span:
+        return Span(span.offset + delta, span.length) if span.length else span
+
+    tensors = tuple(
+        replace(t, codes=move(t.codes), scales=move(t.scales), zeros=move(t.zeros))
+        for t in header.tensors
+    )
+    sections = tuple(replace(s, data=move(s.data)) for s in header.sections)
+    return replace(header, tensors=tensors, sections=sections)
 
 
 class FileLayout:
@@ -80,23 +97,15 @@ class FileLayout:
 
     def header(self, base: int) -> Header:
         """The header with spans made absolute (``base``: the data region's offset)."""
-
-        def rebase(span: Span) -> Span:
-            return Span(span.offset + base, span.length) if span.length else span
-
-        tensors = tuple(
-            replace(t, codes=rebase(t.codes), scales=rebase(t.scales), zeros=rebase(t.zeros))
-            for t in self.tensors
-        )
-        sections = tuple(replace(s, data=rebase(s.data)) for s in self.sections)
-        return Header(
+        relative = Header(
             identity=self.identity,
             min_runtime_version=self.min_runtime_version,
-            tensors=tensors,
-            sections=sections,
+            tensors=tuple(self.tensors),
+            sections=tuple(self.sections),
             required_operators=self.required_operators,
             provenance=self.provenance,
         )
+        return shift_spans(relative, base)
 
     def encode(self) -> tuple[bytes, int]:
         """Header bytes with absolute offsets, and the data region's offset (the first

@@ -36,7 +36,7 @@ from .preamble import Preamble
 from .signing import check_threshold, parse_signature_block, verify_signature_block
 from .validate import validate_header
 
-__all__ = ["Package", "QuantizedTensor", "VerifyReport"]
+__all__ = ["Package", "QuantizedTensor", "VerifyReport", "section_kind"]
 
 
 @dataclass(frozen=True)
@@ -181,13 +181,18 @@ class Package:
         return np.frombuffer(self._mm, part.dtype, count, span.offset).reshape(part.shape)
 
     # -- sections ----------------------------------------------------------------
-    def sections(self, kind: SectionKind | int | None = None) -> list[SectionEntry]:
-        return [s for s in self.header.sections if kind is None or s.kind == int(kind)]
+    def sections(self, kind: SectionKind | int | str | None = None) -> list[SectionEntry]:
+        """The sections of ``kind`` (a SectionKind, its number or name), or all of them."""
+        if kind is None:
+            return list(self.header.sections)
+        wanted = section_kind(kind)
+        return [s for s in self.header.sections if s.kind == wanted]
 
-    def section(self, kind: SectionKind | int, name: str | None = None) -> bytes | None:
-        """The section's content, hash-checked and decompressed; None if absent. A kind
-        that must hold a JSON object (tokenizer, config, metadata) or UTF-8 text (chat
-        template) is checked too."""
+    def section(self, kind: SectionKind | int | str, name: str | None = None) -> bytes | None:
+        """The section's content, hash-checked and decompressed; None if absent. ``kind``
+        is a SectionKind, its number or its name (``"tokenizer"``). A kind that must hold a
+        JSON object (tokenizer, config, metadata) or UTF-8 text (chat template) is checked
+        too."""
         matches = [s for s in self.sections(kind) if name is None or s.name == name]
         if not matches:
             return None
@@ -333,6 +338,18 @@ class Package:
                 digest.update(view[start : min(start + step, span.end)])
         finally:
             view.release()
+
+
+def section_kind(kind: SectionKind | int | str) -> int:
+    """The number of a section kind given as SectionKind, int or name (``tokenizer``,
+    ``chat-template``; case-insensitive); ValueError naming the kinds otherwise."""
+    if isinstance(kind, str):
+        try:
+            return int(SectionKind[kind.strip().upper().replace("-", "_")])
+        except KeyError:
+            known = ", ".join(k.name.lower() for k in SectionKind)
+            raise ValueError(f"unknown section kind {kind!r}; use one of {known}") from None
+    return int(kind)
 
 
 _CHUNK = 1 << 20

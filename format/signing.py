@@ -15,6 +15,7 @@ from pathlib import Path
 import flatbuffers
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .constants import DIGEST_SIZE, SIGNATURE_CONTEXT, SignatureAlgorithm
@@ -54,8 +55,11 @@ def signature_message(header_digest: bytes) -> bytes:
 
 
 def generate_keypair(name: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """Write NAME.key (PKCS#8 PEM, mode 0600) and NAME.pub; refuse to overwrite."""
+    """Write NAME.key (PKCS#8 PEM, mode 0600) and NAME.pub; refuse to overwrite. A NAME
+    ending in .key or .pub names the pair (``k1.key`` writes k1.key, not k1.key.key)."""
     base = Path(name)
+    if base.suffix in (".key", ".pub"):
+        base = base.with_suffix("")
     key_path, pub_path = base.with_name(base.name + ".key"), base.with_name(base.name + ".pub")
     for p in (key_path, pub_path):
         if p.exists():
@@ -78,23 +82,83 @@ def generate_keypair(name: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """The Ed25519 private key in PEM file ``path`` (``edgepack keygen``'s NAME.key);
+    SignatureError saying what the file is when it is something else."""
+    raw = _read_key_file(path, "signing key")
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (ValueError, TypeError, OSError) as exc:
-        raise SignatureError(f"cannot read signing key {path}: {exc}") from None
+        key = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(_not_a_key(path, raw, "private", exc)) from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise SignatureError(f"{path} is not an Ed25519 private key")
+        raise SignatureError(_not_a_key(path, raw, "private"))
     return key
 
 
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
+    """The Ed25519 public key in PEM file ``path`` (``edgepack keygen``'s NAME.pub);
+    SignatureError saying what the file is when it is something else."""
+    raw = _read_key_file(path, "public key")
     try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except (ValueError, TypeError, OSError) as exc:
-        raise SignatureError(f"cannot read public key {path}: {exc}") from None
+        key = serialization.load_pem_public_key(raw)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(_not_a_key(path, raw, "public", exc)) from None
     if not isinstance(key, Ed25519PublicKey):
-        raise SignatureError(f"{path} is not an Ed25519 public key")
+        raise SignatureError(_not_a_key(path, raw, "public"))
     return key
+
+
+def _read_key_file(path: str | os.PathLike[str], what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SignatureError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+# PEM labels and key kinds a user may hand us by mistake, and what they are
+_PEM_KINDS = (
+    (b"-----BEGIN OPENSSH PRIVATE KEY-----", "an OpenSSH private key"),
+    (b"-----BEGIN RSA PRIVATE KEY-----", "an RSA private key"),
+    (b"-----BEGIN EC PRIVATE KEY-----", "an EC private key"),
+    (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", "a password-protected private key"),
+    (b"-----BEGIN PUBLIC KEY-----", "a public key"),
+    (b"-----BEGIN PRIVATE KEY-----", "a private key"),
+    (b"ssh-", "an OpenSSH public key"),
+)
+
+
+_ALGORITHMS = (
+    (Ed25519PrivateKey, "an Ed25519"),
+    (Ed25519PublicKey, "an Ed25519"),
+    (rsa.RSAPrivateKey, "an RSA"),
+    (rsa.RSAPublicKey, "an RSA"),
+    (ec.EllipticCurvePrivateKey, "an EC"),
+    (ec.EllipticCurvePublicKey, "an EC"),
+)
+
+
+def _not_a_key(path: str | os.PathLike[str], raw: bytes, wanted: str, exc=None) -> str:
+    """One line: what ``path`` holds and what is needed instead."""
+    head = raw.lstrip()[:64]
+    what = next((kind for label, kind in _PEM_KINDS if head.startswith(label)), None)
+    if what is None:
+        what = "not a PEM key"
+    elif what in ("a public key", "a private key"):
+        kind = what.split()[1]
+        try:
+            key = (
+                serialization.load_pem_public_key(raw)
+                if kind == "public"
+                else serialization.load_pem_private_key(raw, password=None)
+            )
+            algo = next((label for cls, label in _ALGORITHMS if isinstance(key, cls)), "")
+            what = f"{algo} {kind} key" if algo else what
+        except (ValueError, TypeError):
+            pass
+    need = "NAME.key" if wanted == "private" else "NAME.pub"
+    return (
+        f"{path} is {what}; an Ed25519 {wanted} key in PEM is needed ({need}, made by "
+        "`edgepack keygen NAME`)"
+    )
 
 
 def build_signature_block(header_digest: bytes, keys: Iterable[Ed25519PrivateKey]) -> bytes:

@@ -28,6 +28,7 @@ import zstandard
 
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE, Compression, Encoding, SectionKind
 from .file_layout import DIGEST_PLACEHOLDER, FileLayout, signature_length
+from .file_mode import honour_umask
 from .header import ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
 from .layout import tensor_layout
@@ -322,6 +323,7 @@ class PackageWriter(PackageSizer):
             out.write(bytes(data_length - self._layout.position))
             out.write(signature)
             out.flush()
+            honour_umask(out.fileno())  # mkstemp made it 0600: packages are shared
             os.fsync(out.fileno())
             out.close()
             os.replace(self._tmp, self.path)

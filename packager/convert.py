@@ -20,14 +20,25 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
+from edgepack.format.compat import parse_semver
+from edgepack.format.names import check_name, slug_name
 from edgepack.format.output_file import check_output_path
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
-from .encode import EncodingChoice, encode_tensor, parse_encoding
+from .encode import GROUP_SIZES, EncodingChoice, encode_tensor, parse_encoding
+from .errors import InputError
 from .importers import SourceModel, SourceTensor, open_source
 
-__all__ = ["ConvertResult", "TensorPlan", "convert", "plan_encodings", "required_operators"]
+__all__ = [
+    "ConvertResult",
+    "TensorPlan",
+    "check_release_fields",
+    "convert",
+    "plan_encodings",
+    "required_operators",
+    "resolve_model_name",
+]
 
 EMBEDDING_NAMES = ("embed.weight", "output.weight")
 
@@ -37,6 +48,7 @@ class TensorPlan:
     name: str
     choice: EncodingChoice
     reason: str
+    fell_back: bool = False  # the asked encoding does not fit this tensor's rows
 
 
 @dataclass(frozen=True)
@@ -45,12 +57,45 @@ class ConvertResult:
     plans: list[TensorPlan]
     tensor_bytes: dict[str, int]  # by encoding label
 
+    @property
+    def fallbacks(self) -> list[TensorPlan]:
+        """The tensors written in another encoding than asked, each with its reason."""
+        return [p for p in self.plans if p.fell_back]
+
+
+def resolve_model_name(given: str | None, source_name: str) -> str:
+    """The package's model name: ``given`` checked by the rule ``publish`` applies, else
+    the source's name, slugged into a valid one if need be (``Smollm2 135M`` ->
+    ``smollm2-135m``); InputError for a bad ``given``."""
+    if given is None:
+        try:
+            return check_name("model", source_name)
+        except ValueError:
+            return slug_name(source_name)
+    try:
+        return check_name("model", given)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def check_release_fields(model_version: str, min_runtime_version: str | None) -> None:
+    """InputError naming the field when a version is not a semantic version."""
+    for label, value in (
+        ("model version", model_version),
+        ("min runtime version", min_runtime_version),
+    ):
+        if value is not None:
+            try:
+                parse_semver(value)
+            except ValueError as exc:
+                raise InputError(f"{label}: {exc}") from None
+
 
 def _fit_group(choice: EncodingChoice, cols: int) -> tuple[EncodingChoice, str]:
     """Keep the group size if it divides the row, else the largest smaller one that does."""
     if cols % choice.group_size == 0:
         return choice, "uniform"
-    for g in (128, 64, 32, 16, 8):
+    for g in sorted(GROUP_SIZES, reverse=True):
         if g < choice.group_size and cols % g == 0:
             return EncodingChoice(
                 choice.encoding, g
@@ -75,7 +120,8 @@ def plan_encodings(
         if choice.encoding.is_group:
             choice, fit_reason = _fit_group(choice, math.prod(t.shape[1:]))
             if fit_reason != "uniform":
-                reason = fit_reason
+                plans.append(TensorPlan(t.name, choice, fit_reason, fell_back=True))
+                continue
         plans.append(TensorPlan(t.name, choice, reason))
     return plans
 
@@ -95,20 +141,25 @@ def convert(
     signing_keys: Sequence[object] = (),
     min_runtime_version: str | None = None,
     model_version: str = "1.0.0",
+    model_name: str | None = None,
     on_start: Callable[[int], None] | None = None,
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> ConvertResult:
     """Import ``src`` and write ``out``; returns the per-tensor plan and byte counts.
 
+    ``model_name`` defaults to the source's name slugged (:func:`resolve_model_name`); a
+    bad name or version raises InputError before the source is read.
     ``on_start(total_elements)`` and ``on_tensor(name, elements)`` drive a progress bar.
     """
+    check_release_fields(model_version, min_runtime_version)
+    given_name = resolve_model_name(model_name, "") if model_name is not None else None
     source: SourceModel = open_source(src)
     check_output_path(out, [src, *source.source_files], overwrite=True)
     base = parse_encoding(encoding)
     embed = parse_encoding(embedding_encoding) if embedding_encoding else None
     plans = plan_encodings(source.tensors, base, embed)
     identity = ModelIdentity(
-        name=source.name,
+        name=given_name or resolve_model_name(None, source.name),
         version=model_version,
         architecture=source.architecture,
         config={k: v for k, v in source.config.items() if k != "source_config"},

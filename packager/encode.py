@@ -13,9 +13,28 @@ import numpy as np
 
 from edgepack import native
 from edgepack.format import Encoding, EncodingError, codecs
+from edgepack.format.constants import MAX_GROUP_SIZE, MIN_GROUP_SIZE
 from edgepack.format.encodings import REGISTRY, by_label
 
-__all__ = ["EncodedTensor", "EncodingChoice", "encode_tensor", "parse_encoding"]
+__all__ = [
+    "GROUP_SIZES",
+    "EncodedTensor",
+    "EncodingChoice",
+    "check_group_size",
+    "encode_tensor",
+    "encoding_help",
+    "parse_encoding",
+]
+
+# Group sizes the packager writes: powers of two from the format's smallest group up to
+# 128 (the format allows multiples of 8 up to MAX_GROUP_SIZE, but larger or odd groups
+# only cost quality or SIMD speed, and a size the user did not list is never substituted).
+_LARGEST_WRITTEN_GROUP = 128
+GROUP_SIZES: tuple[int, ...] = tuple(
+    g
+    for g in (1 << k for k in range(MIN_GROUP_SIZE.bit_length() - 1, 13))
+    if MIN_GROUP_SIZE <= g <= min(_LARGEST_WRITTEN_GROUP, MAX_GROUP_SIZE)
+)
 
 
 @dataclass(frozen=True)
@@ -41,18 +60,38 @@ _SPELLED_SYM = re.compile(r"^(int\d+-g\d+)-sym(?=-s8$|$)")  # int4-g32-sym == in
 _PARSEABLE = [r for r in REGISTRY if not r.is_low_rank]  # low-rank is a build result
 
 
+def encoding_help() -> str:
+    """The encodings :func:`parse_encoding` accepts, as ``--help`` and errors list them."""
+    simple = " | ".join(r.stem for r in _PARSEABLE if not r.is_group)
+    stems = "|".join(dict.fromkeys(r.stem for r in _PARSEABLE if r.is_group))
+    groups = "|".join(f"g{g}" for g in GROUP_SIZES)
+    return f"{simple} | {stems}-{groups}[-asym][-s8]"
+
+
+def check_group_size(group_size: int) -> int:
+    """``group_size`` if the packager writes it; ValueError naming the sizes otherwise."""
+    if group_size not in GROUP_SIZES:
+        raise ValueError(
+            f"group size {group_size} is not supported; use one of "
+            + ", ".join(str(g) for g in GROUP_SIZES)
+        )
+    return group_size
+
+
 def parse_encoding(text: str) -> EncodingChoice:
-    """``f32 | f16 | bf16 | int8 | int{4,3,2}-g{16,32,64,128}[-asym][-s8]`` -> EncodingChoice
-    (``-s8``: 8-bit group scales, see spec/FORMAT.md; ``-sym`` may be spelled out)."""
+    """An encoding label (:func:`encoding_help`) -> EncodingChoice; ValueError for any
+    other text, a group size outside :data:`GROUP_SIZES` included (never substituted).
+    ``-s8``: 8-bit group scales, see spec/FORMAT.md; ``-sym`` may be spelled out."""
     found = by_label(_SPELLED_SYM.sub(r"\1", text))
     if found is not None and not found[0].is_low_rank:
         rec, group_size = found
+        if rec.is_group:
+            try:
+                check_group_size(group_size)
+            except ValueError as exc:
+                raise ValueError(f"encoding {text!r}: {exc}") from None
         return EncodingChoice(rec.encoding, group_size)
-    simple = ", ".join(r.stem for r in _PARSEABLE if not r.is_group)
-    stems = "|".join(dict.fromkeys(r.stem for r in _PARSEABLE if r.is_group))
-    raise ValueError(
-        f"unknown encoding {text!r}; use {simple} or {stems}-g16/g32/g64/g128[-asym][-s8]"
-    )
+    raise ValueError(f"unknown encoding {text!r}; use {encoding_help()}")
 
 
 def encode_tensor(w: np.ndarray, choice: EncodingChoice, name: str = "tensor") -> EncodedTensor:

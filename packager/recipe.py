@@ -11,8 +11,8 @@ encodings, regexes, budgets), so a bad recipe fails before minutes of calibratio
     encodings = ["int4-asym", "int4-s8", "int4-asym-s8", "int3-s8", "int3-asym-s8", "int8"]
                                     # kinds int4|int3|int2[-asym][-s8] (-s8: 8-bit group
                                     # scales), int8, f16, f32, or full labels (int4-g64)
-    group_sizes = [32]              # crossed with the group kinds above (16 and 64 too;
-                                    # native kernels run multiples of 32 fastest)
+    group_sizes = [32]              # crossed with the group kinds above (8..128, powers
+                                    # of two; native kernels run multiples of 32 fastest)
     algorithm = "gptq"              # "rtn" or "gptq"
     act_order = true                # GPTQ: columns in decreasing Hessian diagonal order
     damp = 0.01                     # GPTQ: damping, fraction of the mean Hessian diagonal
@@ -66,9 +66,9 @@ from typing import Any
 import tomllib
 
 from edgepack.format import Encoding
-from edgepack.format.encodings import REGISTRY
+from edgepack.format.encodings import REGISTRY, by_label
 
-from .encode import EncodingChoice, parse_encoding
+from .encode import EncodingChoice, check_group_size, parse_encoding
 from .errors import RecipeError
 
 __all__ = [
@@ -357,14 +357,18 @@ def _validate(r: Recipe, where: str) -> None:
         if kind not in _KINDS:
             try:
                 parse_encoding(kind)
-            except ValueError:
+            except ValueError as exc:
+                if by_label(kind) is not None:  # a label whose group size is not written
+                    raise RecipeError(f"{where}: [quantize] encodings: {exc}") from None
                 raise RecipeError(
                     f"{where}: unknown encoding {kind!r} (kinds: {', '.join(_KINDS)}, "
                     "or a full label such as int4-g64-asym)"
                 ) from None
     for g in q.group_sizes:
-        if g < 8 or g > 4096 or g % 8:
-            raise RecipeError(f"{where}: group size {g} is not a multiple of 8 in 8..4096")
+        try:
+            check_group_size(g)
+        except ValueError as exc:
+            raise RecipeError(f"{where}: [quantize] group_sizes: {exc}") from None
     if q.algorithm not in ALGORITHMS:
         raise RecipeError(f"{where}: algorithm must be one of {ALGORITHMS}, got {q.algorithm!r}")
     if not 0 <= q.damp < 1:

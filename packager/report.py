@@ -68,6 +68,9 @@ def _markdown(r: BuildResult, recipe: Recipe, plot: Path | None) -> str:
                 f"{d['multiplier']:.3g} |"
             )
         lines.append("")
+    if r.fallbacks:
+        lines += ["## Group-size fallbacks", ""]
+        lines += [f"- `{name}`: {why}" for name, why in r.fallbacks.items()] + [""]
     if plot is not None:
         lines += [f"![per-tensor plan]({plot.name})", ""]
     lines += [

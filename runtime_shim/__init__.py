@@ -15,6 +15,15 @@ The update client records verified installs through :mod:`edgepack.runtime_shim.
 (so that ``open`` may skip re-hashing the weights of a file that provably did not change).
 """
 
+from edgepack.format.errors import (  # what open() raises, catchable from here
+    CorruptPackageError,
+    EdgepackError,
+    IncompatiblePackageError,
+    SignatureError,
+    TruncatedPackageError,
+    UnsupportedFeatureError,
+)
+
 from . import integrity
 from .capabilities import runtime_capabilities, runtime_version
 from .errors import (
@@ -35,7 +44,10 @@ from .tokenizer import Tokenizer
 
 __all__ = [
     "ChatTemplateError",
+    "CorruptPackageError",
+    "EdgepackError",
     "GenerationStats",
+    "IncompatiblePackageError",
     "KVCacheConfig",
     "KVCacheFullError",
     "KernelStatus",
@@ -45,8 +57,11 @@ __all__ = [
     "RuntimeShimError",
     "SamplingParams",
     "Session",
+    "SignatureError",
     "Tokenizer",
     "TokenizerUnavailableError",
+    "TruncatedPackageError",
+    "UnsupportedFeatureError",
     "integrity",
     "open",
     "runtime_capabilities",

@@ -118,6 +118,7 @@ class Session:
         repetition_penalty: float = 1.0,
         output: str | None = None,
         add_special_tokens: bool = True,
+        sampling: SamplingParams | None = None,
     ) -> Iterator[Any]:
         """Stream a continuation of ``prompt`` (text or token ids).
 
@@ -125,6 +126,7 @@ class Session:
         ids (``output="ids"``, the default for an id prompt). Stops after ``max_tokens``,
         at an end-of-sequence token, at any ``stop`` string (not included in the output)
         or token id, or when the context is full. ``temperature=0`` is greedy.
+        ``sampling`` (a :class:`SamplingParams`) replaces the five sampling arguments.
         ``self.stats`` describes the call once the generator is exhausted or closed.
         """
         if isinstance(prompt, str):
@@ -136,6 +138,10 @@ class Session:
         if mode not in ("text", "ids"):
             raise ValueError("output must be 'text' or 'ids'")
         params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        if sampling is not None:
+            if params != SamplingParams():
+                raise ValueError("give sampling= or the sampling arguments, not both")
+            params = sampling
         return self._generate(ids, max_tokens, params, stop, mode)
 
     def chat(

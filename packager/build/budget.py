@@ -18,8 +18,10 @@ from .source import FloatModel
 
 __all__ = [
     "check_size_floor",
+    "fitting",
     "fixed_for",
     "fixed_overhead",
+    "group_fallbacks",
     "latency_model",
     "size_target",
     "stored_size",
@@ -54,9 +56,7 @@ def check_size_floor(
             continue
         cols = math.prod(shape[1:])
         pinned = fixed(name)
-        options = [pinned] if pinned is not None else candidates
-        fits = [c for c in options if fit_group(c, cols) is not None]
-        fits = fits or [EncodingChoice(Encoding.INT8_CHANNEL)]  # measure_sensitivity's fallback
+        fits, _ = fitting([pinned] if pinned is not None else candidates, cols)
         floor += min(padded_bytes(c, shape) for c in fits)
     if floor > target:
         raise SearchError(
@@ -65,6 +65,39 @@ def check_size_floor(
             f"({', '.join(c.label for c in candidates)}) or protected encoding; allow "
             "smaller encodings (e.g. int2-asym, group size 64) or raise the budget"
         )
+
+
+def fitting(
+    options: list[EncodingChoice], cols: int
+) -> tuple[list[EncodingChoice], list[EncodingChoice]]:
+    """(the options a tensor of rows of ``cols`` can take, the ones its rows rule out):
+    a group size must divide the row; when none fits, int8 (measure_sensitivity's
+    fallback)."""
+    fits = [c for c in options if fit_group(c, cols) is not None]
+    dropped = [c for c in options if c not in fits]
+    return fits or [EncodingChoice(Encoding.INT8_CHANNEL)], dropped
+
+
+def group_fallbacks(
+    fm: FloatModel, recipe: Recipe, candidates: list[EncodingChoice]
+) -> dict[str, str]:
+    """Tensor name -> why some candidates (or its protected encoding) were not open to
+    it: its row length is not divisible by their group size. Never silent: the build
+    prints these and the report lists them."""
+    fixed = fixed_for(recipe, candidates)
+    out: dict[str, str] = {}
+    for name, shape in zip(fm.names, fm.shapes, strict=True):
+        if len(shape) < 2:
+            continue
+        cols = math.prod(shape[1:])
+        pinned = fixed(name)
+        options = [pinned] if pinned is not None else candidates
+        _, dropped = fitting(options, cols)
+        if dropped:
+            labels = ", ".join(c.label for c in dropped)
+            instead = "int8 instead" if len(dropped) == len(options) else "not used"
+            out[name] = f"row length {cols} not divisible by the group of {labels}: {instead}"
+    return out
 
 
 def size_target(recipe: Recipe, params: int) -> int | None:

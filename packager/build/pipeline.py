@@ -7,13 +7,14 @@ import json
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from edgepack.format import SectionKind
 
 from ..calibration import CalibrationStats
+from ..convert import check_release_fields, resolve_model_name
 from ..encode import parse_encoding
 from ..errors import InputError
 from ..factorize import add_low_rank_options
@@ -30,6 +31,7 @@ from .budget import (
     check_size_floor,
     fixed_for,
     fixed_overhead,
+    group_fallbacks,
     latency_model,
     size_target,
     stored_size,
@@ -64,10 +66,17 @@ def build(
     progress: Progress | None = None,
     report: bool = True,
     lut: Any = None,
+    model_name: str | None = None,
+    model_version: str = "1.0.0",
+    min_runtime_version: str | None = None,
 ) -> BuildResult:
-    """Build ``out`` from ``src`` following ``recipe`` (see the package docstring)."""
+    """Build ``out`` from ``src`` following ``recipe`` (see the package docstring).
+    ``model_name`` defaults to the source's (made valid); the version fields are checked
+    before the source is read."""
     from edgepack.runtime_shim.instrument import set_blas_threads
 
+    check_release_fields(model_version, min_runtime_version)
+    given_name = resolve_model_name(model_name, "") if model_name is not None else None
     recipe = recipe or Recipe()
     progress = progress or Progress()
     # One BLAS thread: OpenBLAS's own threads spin and collapse on a busy machine; the
@@ -81,8 +90,13 @@ def build(
     t0 = time.perf_counter()
     fm = open_float(src)
     phases["import"] = time.perf_counter() - t0
+    name = given_name or resolve_model_name(None, fm.identity.name)
+    fm.identity = replace(fm.identity, name=name, version=model_version)
+    release = {"min_runtime_version": min_runtime_version}
     try:
-        return _build(fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases)
+        return _build(
+            fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release
+        )
     finally:
         fm.close()
         pkg = getattr(fm, "_pkg", None)
@@ -111,6 +125,7 @@ def _build(
     report: bool,
     lut: Any,
     phases: dict[str, float],
+    release: dict[str, Any],
 ) -> BuildResult:
     q = recipe.quantize
     candidates = q.candidates()
@@ -177,7 +192,7 @@ def _build(
         secs = [*sections, _json_section(SectionKind.PRECISION_PLAN, doc, "plan")]
         if stats is not None:
             secs.append(_json_section(SectionKind.CALIBRATION_REPORT, calib_report, "calibration"))
-        content = PackageContent(fm, m.sens, plan, encoded, secs, recipe)
+        content = PackageContent(fm, m.sens, plan, encoded, secs, recipe, **release)
         size, data_offset = package_size(content, sign_keys)
         if not target_size or size <= target_size:
             break
@@ -213,6 +228,7 @@ def _build(
         calibration=calib_report,
         probe=m.probe_info,
         scaling=scaling,
+        fallbacks=group_fallbacks(fm, recipe, candidates),
     )
     if m.fq is not None and searching:  # the whole plan on the probe tokens
         t = time.perf_counter()

@@ -42,6 +42,7 @@ class BuildResult:
     calibration: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] = field(default_factory=dict)
     scaling: dict[str, Any] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)  # tensor -> why (budget.py)
 
     @property
     def bpw(self) -> float:
@@ -77,5 +78,6 @@ class BuildResult:
         phases = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
         lines.append(f"time {sum(self.phases.values()):.1f}s ({phases})")
         lines.append(f"peak RSS {self.peak_rss / 2**20:.0f} MiB")
+        lines += [f"note: {name}: {why}" for name, why in self.fallbacks.items()]
         return lines
 

@@ -38,6 +38,7 @@ class PackageContent:
     encoded: dict[tuple[str, str], Any]
     sections: Sections
     recipe: Recipe
+    min_runtime_version: str | None = None  # None: this runtime
 
 
 def _metadata(c: PackageContent) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def _metadata(c: PackageContent) -> dict[str, Any]:
         recipe={"command": "build", **c.recipe.to_json()},
     )
     return {
-        "min_runtime_version": runtime_version(),
+        "min_runtime_version": c.min_runtime_version or runtime_version(),
         "required_operators": ops,
         "provenance": provenance,
     }

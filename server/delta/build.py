@@ -66,6 +66,7 @@ from edgepack.format.delta.predict import (
     predict_part,
 )
 from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
+from edgepack.format.file_mode import honour_umask
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.header_decode import offset_vectors
 from edgepack.format.layout import tensor_layout
@@ -1037,6 +1038,7 @@ def _write(out: Path, header: DeltaHeader, payload, keys, opt: DeltaOptions, old
             shutil.copyfileobj(payload, f, _HASH_CHUNK)
             f.write(signature)
             f.flush()
+            honour_umask(f.fileno())  # served to devices: not mkstemp's 0600
             os.fsync(f.fileno())
         if opt.verify:
             check_dir = create_scratch_dir(out)

@@ -32,13 +32,13 @@ percentage only adds devices.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgepack.format import CompatibilityVerdict, Header, ModelIdentity, RuntimeCapabilities
 from edgepack.format.compat import check_compatibility, parse_semver
+from edgepack.format.names import check_name  # one rule for every layer
 
 from ..store.base import object_key
 
@@ -58,17 +58,6 @@ __all__ = [
 
 CUSTOM_KEY = "edgepack"
 SCHEMA = 1
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_name(kind: str, name: str) -> str:
-    """Model and channel names become path segments: keep them plain."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise ValueError(
-            f"{kind} name {name!r} must be 1-128 of letters, digits, '.', '_', '-' "
-            "(starting with a letter or digit)"
-        )
-    return name
 
 
 def semver_precedence(version: str) -> tuple:
