@@ -42,6 +42,7 @@ def _table() -> dict[type[BaseException], int]:
         SignatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
+    from edgepack.runtime_shim.errors import UnsupportedModelError
     from edgepack.server.errors import (
         ExpiredMetadataError,
         InvalidStoreURLError,
@@ -64,6 +65,8 @@ def _table() -> dict[type[BaseException], int]:
         # packager
         ImportModelError: EXIT_CORRUPT,
         InputError: EXIT_USAGE,
+        # runtime: a model no edgepack version runs (a newer runtime would not help)
+        UnsupportedModelError: EXIT_USAGE,
         # server: stores and release repositories
         StoreError: EXIT_FAILED,
         InvalidStoreURLError: EXIT_USAGE,

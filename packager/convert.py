@@ -25,6 +25,7 @@ from edgepack.runtime_shim import runtime_version
 
 from .encode import EncodingChoice, encode_tensor, parse_encoding
 from .importers import SourceModel, SourceTensor, open_source
+from .importers.config import check_convertible
 
 __all__ = ["ConvertResult", "TensorPlan", "convert", "plan_encodings", "required_operators"]
 
@@ -102,6 +103,7 @@ def convert(
     ``on_start(total_elements)`` and ``on_tensor(name, elements)`` drive a progress bar.
     """
     source: SourceModel = open_source(src)
+    check_convertible(source.architecture, source.config)
     base = parse_encoding(encoding)
     embed = parse_encoding(embedding_encoding) if embedding_encoding else None
     plans = plan_encodings(source.tensors, base, embed)

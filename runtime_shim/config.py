@@ -3,8 +3,9 @@
 Keys are the packager's canonical ones (``edgepack.packager.importers.config``). RoPE
 follows Hugging Face exactly (float32 ``inv_freq``, rotate-half layout): plain, ``linear``
 and ``llama3`` scaling, and llama.cpp's per-frequency divisors (a ``rope_freqs.weight``
-tensor) when a package carries one. Anything else is refused at open time with
-:class:`~edgepack.format.errors.IncompatiblePackageError`, never silently approximated.
+tensor) when a package carries one. Which keys exist and how each is handled is the
+one table of :mod:`.config_table`; anything it refuses is refused at open time too
+(:class:`~.errors.UnsupportedModelError`), never silently approximated.
 """
 
 from __future__ import annotations
@@ -16,18 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.format.compat import CompatibilityProblem, CompatibilityVerdict
-from edgepack.format.errors import CorruptPackageError, IncompatiblePackageError
+from edgepack.format.errors import CorruptPackageError
+
+from .config_table import ROPE_TYPES, check_package_config, rope_type_of
 
 __all__ = ["SUPPORTED_ROPE_TYPES", "LlamaConfig", "RopeTable"]
 
-SUPPORTED_ROPE_TYPES = frozenset({"linear", "llama3"})
-_UPDATE = "update the app to a newer edgepack runtime, or fetch a package built for this one"
-
-
-def _incompatible(code: str, message: str) -> IncompatiblePackageError:
-    verdict = CompatibilityVerdict((CompatibilityProblem(code, message, _UPDATE),))
-    return IncompatiblePackageError(verdict.summary(), verdict)
+SUPPORTED_ROPE_TYPES = ROPE_TYPES
 
 
 @dataclass(frozen=True)
@@ -47,10 +43,18 @@ class LlamaConfig:
     attention_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    attention_out_bias: bool = False  # o projection bias (llama/qwen3 ``attention_bias``)
+    mlp_bias: bool = False  # gate/up/down biases
+    hidden_act: str = "silu"  # act of ``act(gate) * up``: silu, gelu, gelu_tanh, relu
+    qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (qwen3)
+    # per layer: the sliding-window span (keys at positions > p - window), None = full
+    windows: tuple[int | None, ...] = ()
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
         """Validate a canonical config; missing or nonsensical values are corruption."""
+
+        check_package_config(cfg)
 
         def need_int(key: str, default: int | None = None) -> int:
             value = cfg.get(key, default)
@@ -69,23 +73,16 @@ class LlamaConfig:
         if head_dim % 2:
             raise CorruptPackageError(f"model config: head_dim {head_dim} is odd")
         scaling = cfg.get("rope_scaling")
-        if scaling is not None:
-            if not isinstance(scaling, Mapping):
-                raise CorruptPackageError(f"model config: rope_scaling {scaling!r} is not a map")
-            kind = scaling.get("rope_type", scaling.get("type"))
-            if kind in (None, "default", "none"):
-                scaling = None
-            elif kind not in SUPPORTED_ROPE_TYPES:
-                raise _incompatible(
-                    "rope_scaling", f"RoPE scaling {kind!r} is not implemented by this runtime"
-                )
+        if rope_type_of(scaling) is None:  # check_package_config refused other types
+            scaling = None
+        num_layers = need_int("num_hidden_layers")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         bos = cfg.get("bos_token_id")
         return cls(
             hidden_size=hidden,
             intermediate_size=need_int("intermediate_size"),
-            num_layers=need_int("num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv,
             head_dim=head_dim,
@@ -98,6 +95,11 @@ class LlamaConfig:
             attention_bias=bool(cfg.get("attention_bias", False)),
             bos_token_id=bos if isinstance(bos, int) else None,
             eos_token_ids=tuple(int(e) for e in eos_ids if isinstance(e, int)),
+            attention_out_bias=bool(cfg.get("attention_out_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+            qk_norm=bool(cfg.get("qk_norm", False)),
+            windows=_layer_windows(cfg, num_layers),
         )
 
     @property
@@ -131,6 +133,20 @@ class LlamaConfig:
                 )
             inv = (inv / factors).astype(np.float32)
         return inv
+
+
+def _layer_windows(cfg: Mapping[str, Any], num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window: ``sliding_window`` on the layers ``layer_types`` marks
+    ``sliding_attention`` (every layer when it is absent, as Mistral does)."""
+    window = cfg.get("sliding_window")
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        return (window,) * num_layers
+    if len(kinds) != num_layers:
+        raise CorruptPackageError(
+            f"model config: layer_types has {len(kinds)} entries for {num_layers} layers"
+        )
+    return tuple(window if k == "sliding_attention" else None for k in kinds)
 
 
 def _llama3_inv_freq(inv: np.ndarray, scaling: Mapping[str, Any], factor: float) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from edgepack.format.errors import EdgepackError
+from edgepack.format.errors import EdgepackError, IncompatiblePackageError
 
 __all__ = [
     "ChatTemplateError",
@@ -18,11 +18,23 @@ __all__ = [
     "NumericError",
     "RuntimeShimError",
     "TokenizerUnavailableError",
+    "UnsupportedModelError",
 ]
 
 
 class RuntimeShimError(EdgepackError):
     """Running a (valid, compatible) package failed."""
+
+
+class UnsupportedModelError(IncompatiblePackageError):
+    """The model uses a config key or value no edgepack version implements (a model type,
+    an activation, a RoPE scaling): refused at convert/build and at open. Unlike its base,
+    updating the runtime does not help, so it has its own exit code. ``key`` names the
+    config key (see :mod:`edgepack.runtime_shim.config_table`)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class KVCacheFullError(RuntimeShimError):

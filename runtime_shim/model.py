@@ -336,6 +336,8 @@ class Model:
                 kv=self.kv_pool.layer(lw.index),
                 act_int8=self.act_int8,
                 inject_overflow=lw.index in inject,
+                activation=cfg.hidden_act,
+                window=cfg.windows[lw.index],
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:

@@ -79,6 +79,23 @@ def convert_to(root: Path, src: Path, encoding: str, name: str | None = None) ->
     return out
 
 
+def repack(src: Path, out: Path, drop: tuple[str, ...] = (), **config) -> Path:
+    """``src`` with its model config updated (a value of None removes the key) and the
+    tensors in ``drop`` left out: what a buggy, older or hostile packager could write."""
+    from edgepack.format import Package, PackageWriter
+
+    with Package.open(src) as pkg:
+        cfg = {**pkg.header.identity.config, **config}
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        identity = replace(pkg.header.identity, config=cfg)
+        with PackageWriter(out, identity, required_operators=pkg.header.required_operators) as w:
+            for t in pkg.header.tensors:
+                if t.name not in drop:
+                    w.add_tensor(t.name, t.encoding, pkg.dequantize(t.name))
+            w.finish()
+    return out
+
+
 def hf_logits(model_dir: Path, ids: list[int], gguf_file: str | None = None) -> np.ndarray:
     """float32 ``[T, vocab]`` logits from transformers on torch CPU (float32, eager)."""
     import torch

@@ -6,9 +6,11 @@ Canonical names (HF layout, numpy order ``[out_features, in_features]``)::
     layers.{i}.attn_norm.weight
     layers.{i}.attn_q.weight  layers.{i}.attn_k.weight  layers.{i}.attn_v.weight
     layers.{i}.attn_q.bias    layers.{i}.attn_k.bias    layers.{i}.attn_v.bias  (Qwen2)
-    layers.{i}.attn_o.weight
+    layers.{i}.attn_q_norm.weight layers.{i}.attn_k_norm.weight  (Qwen3 head norms)
+    layers.{i}.attn_o.weight  layers.{i}.attn_o.bias (Llama attention_bias)
     layers.{i}.ffn_norm.weight
     layers.{i}.ffn_gate.weight layers.{i}.ffn_up.weight layers.{i}.ffn_down.weight
+    layers.{i}.ffn_gate.bias   layers.{i}.ffn_up.bias   layers.{i}.ffn_down.bias (mlp_bias)
     norm.weight
     output.weight             (absent when the embeddings are tied)
 
@@ -36,7 +38,7 @@ __all__ = [
 ]
 
 # HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2"})
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 _HF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -46,11 +48,17 @@ _HF_LAYER = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_o.weight",
+    "self_attn.o_proj.bias": "attn_o.bias",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
 }
 _HF_GLOBAL = {
     "model.embed_tokens.weight": "embed.weight",
@@ -65,11 +73,17 @@ _GGUF_LAYER = {
     "attn_q.bias": "attn_q.bias",
     "attn_k.bias": "attn_k.bias",
     "attn_v.bias": "attn_v.bias",
+    "attn_q_norm.weight": "attn_q_norm.weight",
+    "attn_k_norm.weight": "attn_k_norm.weight",
     "attn_output.weight": "attn_o.weight",
+    "attn_output.bias": "attn_o.bias",
     "ffn_norm.weight": "ffn_norm.weight",
     "ffn_gate.weight": "ffn_gate.weight",
     "ffn_up.weight": "ffn_up.weight",
     "ffn_down.weight": "ffn_down.weight",
+    "ffn_gate.bias": "ffn_gate.bias",
+    "ffn_up.bias": "ffn_up.bias",
+    "ffn_down.bias": "ffn_down.bias",
 }
 _GGUF_GLOBAL = {
     "token_embd.weight": "embed.weight",
@@ -109,6 +123,8 @@ _LAYER_ORDER = {
             "attn_q",
             "attn_k",
             "attn_v",
+            "attn_q_norm",
+            "attn_k_norm",
             "attn_o",
             "ffn_norm",
             "ffn_gate",

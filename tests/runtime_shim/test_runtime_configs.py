@@ -1,0 +1,175 @@
+"""Every Llama-family config the runtime implements, against transformers (torch CPU) on
+a tiny random model made with transformers' own config classes; every config it does
+not implement refused at convert with a typed one-line error naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from runtime_fixtures import cosine
+
+import edgepack.runtime_shim as rt
+from edgepack.cli.exit_codes import EXIT_USAGE, exit_code_for
+from edgepack.packager.convert import convert
+from edgepack.runtime_shim.errors import UnsupportedModelError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 96
+IDS = [int(i) for i in np.random.default_rng(1).integers(0, VOCAB, 40)]
+BASE = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+# name -> (transformers config class, overrides)
+IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-attention-bias": ("LlamaConfig", {"attention_bias": True}),
+    "llama-mlp-bias": ("LlamaConfig", {"mlp_bias": True}),
+    "llama-gelu": ("LlamaConfig", {"hidden_act": "gelu"}),
+    "llama-gelu-tanh": ("LlamaConfig", {"hidden_act": "gelu_pytorch_tanh"}),
+    "llama-relu": ("LlamaConfig", {"hidden_act": "relu"}),
+    "llama-head-dim-16": (
+        "LlamaConfig",
+        {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16},
+    ),
+    "llama-head-dim-24": ("LlamaConfig", {"head_dim": 24}),
+    "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
+    "qwen2-sliding": (
+        "Qwen2Config",
+        {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1},
+    ),
+    "qwen3-qk-norm": ("Qwen3Config", {"head_dim": 32}),
+    "qwen3-sliding-bias": (
+        "Qwen3Config",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "use_sliding_window": True,
+            "sliding_window": 10,
+            "max_window_layers": 0,
+        },
+    ),
+}
+
+# name -> (config class, overrides, the key the refusal names)
+REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "rope-dynamic": (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+        "rope",
+    ),
+    "rope-yarn": (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        "rope",
+    ),
+    "gelu-10": ("LlamaConfig", {"hidden_act": "gelu_10"}, "hidden_act"),
+    "gemma": ("GemmaConfig", {"head_dim": 16}, "model_type"),
+    "gemma2": ("Gemma2Config", {"head_dim": 16}, "model_type"),
+    "phi3": ("Phi3Config", {}, "model_type"),
+}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runtime-configs")
+
+
+def _hf_model(root: Path, name: str, cls: str, overrides: dict[str, Any]) -> tuple[Path, Any]:
+    """A tiny random model saved as an HF folder; weights re-drawn so logits are not flat."""
+    cfg = getattr(transformers, cls)(**{**BASE, **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.2)
+    model.eval()
+    d = root / name
+    model.save_pretrained(d)
+    return d, model
+
+
+def _reference(model: Any) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([IDS])).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("name", list(IMPLEMENTED))
+def test_config_matches_transformers(root: Path, name: str) -> None:
+    cls, overrides = IMPLEMENTED[name]
+    src, model = _hf_model(root, name, cls, overrides)
+    ref = _reference(model)
+    assert np.abs(ref).max() > 1.0  # not flat: a wrong op shows
+    pkg = root / f"{name}.epk"
+    convert(src, pkg, encoding="f32")
+    for kernels in ("numpy", "native"):
+        try:
+            m = rt.open(pkg, kv="float", kernels=kernels)
+        except rt.KernelUnavailableError:
+            continue
+        with m:
+            ours = m.logits(IDS)
+        err = float(np.abs(ours - ref).max())
+        assert err < 1e-4, f"{name} on {kernels}: max abs error {err}"
+
+
+def test_sliding_window_is_not_vacuous(root: Path) -> None:
+    """The window tests above would catch a full-attention runtime."""
+    _, windowed = _hf_model(root, "w-on", "MistralConfig", {"sliding_window": 16})
+    _, full = _hf_model(root, "w-off", "MistralConfig", {"sliding_window": None})
+    diff = np.abs(_reference(windowed) - _reference(full))
+    assert diff[:16].max() < 1e-5 and diff[16:].max() > 1e-2
+
+
+def test_head_dim_16_runs_with_default_settings(root: Path) -> None:
+    cls, overrides = IMPLEMENTED["llama-head-dim-16"]
+    src, model = _hf_model(root, "hd16-default", cls, overrides)
+    pkg = root / "hd16-default.epk"
+    convert(src, pkg, encoding="f32")
+    ref = _reference(model)
+    with rt.open(pkg) as m:  # default KV cache (quantized) and kernels
+        ours = m.logits(IDS)
+    assert ours.shape == ref.shape and np.isfinite(ours).all()
+    assert cosine(ours, ref) > 0.9  # the quantized cache changes the answer a little
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_unsupported_config_is_refused_at_convert(root: Path, name: str) -> None:
+    cls, overrides, key = REFUSED[name]
+    src, _ = _hf_model(root, f"refused-{name}", cls, overrides)
+    out = root / f"refused-{name}.epk"
+    with pytest.raises(UnsupportedModelError) as info:
+        convert(src, out, encoding="f32")
+    message = str(info.value)
+    assert key in info.value.key and "\n" not in message and "not supported" in message
+    assert "update" not in message  # no edgepack version runs it
+    assert exit_code_for(info.value) == EXIT_USAGE
+    assert not out.exists()
+
+
+def test_bert_is_refused_at_convert(root: Path) -> None:
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64,
+    )  # fmt: skip
+    src = root / "bert"
+    transformers.BertModel(cfg).save_pretrained(src)
+    with pytest.raises(UnsupportedModelError, match="model type 'bert'"):
+        convert(src, root / "bert.epk", encoding="f32")
