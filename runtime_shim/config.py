@@ -102,6 +102,16 @@ class LlamaConfig:
             windows=_layer_windows(cfg, num_layers),
         )
 
+    def _yarn(self) -> tuple[np.ndarray, float]:
+        return _yarn_params(self)
+
+    @property
+    def rope_attention_scaling(self) -> float:
+        """What cos/sin are multiplied by (YaRN's attention factor; 1 otherwise)."""
+        if rope_type_of(self.rope_scaling) == "yarn":
+            return self._yarn()[1]
+        return 1.0
+
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -120,9 +130,11 @@ class LlamaConfig:
         scaling = self.rope_scaling
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type"))
-            factor = float(scaling.get("factor", 1.0))
+            factor = float(scaling.get("factor") or 1.0)
             if kind == "llama3":
                 inv = _llama3_inv_freq(inv, scaling, factor)
+            elif kind == "yarn":
+                inv = self._yarn()[0]
             elif kind == "linear":
                 inv = (inv / np.float32(factor)).astype(np.float32)
         if freq_factors is not None:
@@ -133,6 +145,42 @@ class LlamaConfig:
                 )
             inv = (inv / factors).astype(np.float32)
         return inv
+
+
+def _yarn_params(cfg: LlamaConfig) -> tuple[np.ndarray, float]:
+    """transformers' ``_compute_yarn_parameters``: float32 ``inv_freq`` and the factor
+    cos/sin are multiplied by (``attention_factor``)."""
+    s = cfg.rope_scaling or {}
+    dim, base, f32 = cfg.head_dim, float(cfg.rope_theta), np.float32
+    orig = float(s.get("original_max_position_embeddings", cfg.max_position_embeddings))
+    factor = s.get("factor")
+    factor = float(factor) if factor is not None else cfg.max_position_embeddings / orig
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos = np.power(f32(base), np.arange(0, dim, 2, dtype=np.int64).astype(f32) / f32(dim))
+    extrapolation = (f32(1) / pos).astype(f32)
+    interpolation = (f32(1) / (f32(factor) * pos)).astype(f32)
+    ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1)
+    keep = (f32(1) - ramp).astype(f32)
+    inv = interpolation * (f32(1) - keep) + extrapolation * keep
+    return inv.astype(f32), float(attention)
 
 
 def _layer_windows(cfg: Mapping[str, Any], num_layers: int) -> tuple[int | None, ...]:
@@ -168,8 +216,9 @@ def _llama3_inv_freq(inv: np.ndarray, scaling: Mapping[str, Any], factor: float)
 class RopeTable:
     """cos/sin ``[positions, head_dim/2]`` (float32), grown on demand in 256-row steps."""
 
-    def __init__(self, inv_freq: np.ndarray) -> None:
+    def __init__(self, inv_freq: np.ndarray, scaling: float = 1.0) -> None:
         self.inv_freq = np.ascontiguousarray(inv_freq, np.float32)
+        self.scaling = np.float32(scaling)
         self._cos = np.empty((0, self.inv_freq.size), np.float32)
         self._sin = self._cos
 
@@ -179,6 +228,9 @@ class RopeTable:
         freqs = (pos[:, None] * self.inv_freq[None, :]).astype(np.float32)
         self._cos = np.cos(freqs).astype(np.float32)
         self._sin = np.sin(freqs).astype(np.float32)
+        if self.scaling != 1:  # YaRN: applied to cos/sin in float32, as transformers does
+            self._cos *= self.scaling
+            self._sin *= self.scaling
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         top = int(positions.max()) + 1 if positions.size else 0

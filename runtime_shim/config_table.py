@@ -64,7 +64,7 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 # RoPE scaling types the runtime computes exactly as transformers does (None: plain).
-ROPE_TYPES = frozenset({"linear", "llama3"})
+ROPE_TYPES = frozenset({"linear", "llama3", "yarn"})
 _PLAIN_ROPE = (None, "default", "none")
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 
@@ -211,9 +211,12 @@ def _package_rope(value: Any) -> str | None:
     kind = rope_type_of(value)
     if kind is not None and kind not in ROPE_TYPES:
         raise _unsupported("rope_scaling", f"RoPE scaling {kind!r}")
-    numbers = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    numbers = (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+        "attention_factor", "beta_fast", "beta_slow",
+    )  # fmt: skip
     for key in numbers:
-        if key in value and _pos_float(value[key]) is not None:
+        if value.get(key) is not None and _pos_float(value[key]) is not None:
             return f"a map whose {key} is a positive finite number, not {value[key]!r}"
     if kind == "llama3" and value.get("high_freq_factor", 4.0) == value.get("low_freq_factor", 1.0):
         return "a map whose high_freq_factor differs from low_freq_factor"

@@ -155,7 +155,7 @@ class Model:
         self.prefill_chunk = max(1, prefill_chunk)
         salt = pkg.preamble.header_digest
         self.kv_pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_config, salt=salt)
-        self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs))
+        self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs), cfg.rope_attention_scaling)
         self.inject_overflow_layers: set[int] = _inject_layers(cfg.num_layers)
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()

@@ -100,3 +100,30 @@ def test_unsupported_value_in_a_package_is_refused_at_open(
         rt.open(pkg, kernels="numpy")
     assert info.value.key == key and "update" not in str(info.value)
     assert exit_code_for(info.value) == EXIT_USAGE
+
+
+def test_cli_refuses_an_unsupported_model_in_one_line(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`edgepack convert` of a model no version runs: exit 2, one line naming the key."""
+    from edgepack.cli import main
+
+    src = tiny_model_dir(root, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    out = root / "dynamic.epk"
+    capsys.readouterr()
+    assert main(["convert", str(src), "-o", str(out), "--encoding", "f32"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rope_scaling" in err and "not supported" in err, err
+    assert not out.exists()
+
+
+def test_cli_run_on_a_bad_config_is_corrupt(
+    root: Path, good: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgepack.cli import main
+
+    pkg = repack(good, root / "cli-eps.epk", rms_norm_eps="abc")
+    capsys.readouterr()
+    assert main(["run", str(pkg), "-p", "hi", "--verify", "none"]) == EXIT_CORRUPT
+    err = capsys.readouterr().err
+    assert "rms_norm_eps" in err and "internal error" not in err, err

@@ -47,6 +47,17 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16},
     ),
     "llama-head-dim-24": ("LlamaConfig", {"head_dim": 24}),
+    "llama-rope-yarn": (
+        "LlamaConfig",
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                             "original_max_position_embeddings": 32}},
+    ),  # fmt: skip
+    "llama-rope-yarn-mscale": (
+        "LlamaConfig",
+        {"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5000.0,
+                             "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16,
+                             "original_max_position_embeddings": 16}},
+    ),  # fmt: skip
     "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2-sliding": (
         "Qwen2Config",
@@ -70,11 +81,6 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "rope-dynamic": (
         "LlamaConfig",
         {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
-        "rope",
-    ),
-    "rope-yarn": (
-        "LlamaConfig",
-        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
         "rope",
     ),
     "gelu-10": ("LlamaConfig", {"hidden_act": "gelu_10"}, "hidden_act"),
@@ -173,3 +179,10 @@ def test_bert_is_refused_at_convert(root: Path) -> None:
     transformers.BertModel(cfg).save_pretrained(src)
     with pytest.raises(UnsupportedModelError, match="model type 'bert'"):
         convert(src, root / "bert.epk", encoding="f32")
+
+
+def test_yarn_is_not_vacuous(root: Path) -> None:
+    """transformers applies the YaRN parameters the test above compares against."""
+    _, yarn = _hf_model(root, "yarn-on", *IMPLEMENTED["llama-rope-yarn"])
+    _, plain = _hf_model(root, "yarn-off", "LlamaConfig", {})
+    assert np.abs(_reference(yarn) - _reference(plain)).max() > 1e-2
