@@ -35,6 +35,13 @@ BASE = {
     "pad_token_id": 0,
 }
 
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "rope_theta": 10000.0,
+    "beta_fast": 16,
+    "original_max_position_embeddings": 32,
+}
 # name -> (transformers config class, overrides)
 IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-attention-bias": ("LlamaConfig", {"attention_bias": True}),
@@ -47,17 +54,11 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16},
     ),
     "llama-head-dim-24": ("LlamaConfig", {"head_dim": 24}),
-    "llama-rope-yarn": (
-        "LlamaConfig",
-        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                             "original_max_position_embeddings": 32}},
-    ),  # fmt: skip
+    "llama-rope-yarn": ("LlamaConfig", {"rope_parameters": YARN}),
     "llama-rope-yarn-mscale": (
         "LlamaConfig",
-        {"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5000.0,
-                             "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16,
-                             "original_max_position_embeddings": 16}},
-    ),  # fmt: skip
+        {"rope_parameters": {**YARN, "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5}},
+    ),
     "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2-sliding": (
         "Qwen2Config",
