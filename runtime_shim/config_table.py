@@ -44,13 +44,12 @@ __all__ = [
 ]
 
 # HF ``model_type`` (GGUF ``general.architecture``) values the runtime runs.
-FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
 # Known model types no edgepack version runs, with what they would need.
 _UNSUPPORTED_FAMILIES = {
     "gemma": "embedding scaling, 1+w norms and GeGLU",
     "gemma2": "logit soft-capping and alternating local/global attention",
     "gemma3": "logit soft-capping and alternating local/global attention",
-    "phi3": "fused qkv and gate/up projections",
     "phi": "parallel attention/MLP blocks and partial rotary",
     "bert": "an encoder (bidirectional attention, LayerNorm, no generation)",
 }
@@ -70,7 +69,7 @@ ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 
 _NOT_RUN = (
     "no edgepack version runs it; convert a model of a supported family "
-    "(llama, mistral, qwen2, qwen3)"
+    "(llama, mistral, qwen2, qwen3, phi3)"
 )
 
 
@@ -104,6 +103,8 @@ class KeyRule:
 
 
 def _rope_refusal(value: Any) -> str | None:
+    if isinstance(value, Mapping) and _partial_rotary(value.get("partial_rotary_factor")):
+        return _partial_rotary(value.get("partial_rotary_factor"))
     kind = rope_type_of(value)
     if kind is None or kind in ROPE_TYPES:
         return None

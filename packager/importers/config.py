@@ -143,8 +143,9 @@ def _hf_windows(raw: Mapping[str, Any], family: str, layers: int) -> dict[str, A
     """``sliding_window`` and ``layer_types`` as transformers applies them: Mistral on every
     layer; Qwen2/Qwen3 only with ``use_sliding_window``, on the layers ``layer_types``
     marks (default: from ``max_window_layers`` on); Llama never reads them."""
+    # (Phi-3 applies its window on every layer too)
     window = raw.get("sliding_window")
-    if family == "mistral":
+    if family in ("mistral", "phi3"):
         return {"sliding_window": window, "layer_types": None}
     if family not in ("qwen2", "qwen3") or not raw.get("use_sliding_window") or window is None:
         return {"sliding_window": None, "layer_types": None}

@@ -29,6 +29,7 @@ import re
 import numpy as np
 
 __all__ = [
+    "FUSED",
     "LLAMA_FAMILY",
     "canonical_from_gguf",
     "canonical_from_hf",
@@ -38,7 +39,12 @@ __all__ = [
 ]
 
 # HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+# Phi-3's fused projections: canonical name -> the canonical parts, in row order.
+FUSED = {
+    "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "ffn_gate_up.weight": ("ffn_gate.weight", "ffn_up.weight"),
+}
 
 _HF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -52,6 +58,8 @@ _HF_LAYER = {
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_o.weight",
     "self_attn.o_proj.bias": "attn_o.bias",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_gate_up.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",

@@ -59,6 +59,8 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
         "LlamaConfig",
         {"rope_parameters": {**YARN, "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 0.5}},
     ),
+    "phi3-fused": ("Phi3Config", {}),
+    "phi3-sliding": ("Phi3Config", {"sliding_window": 12, "num_key_value_heads": 4}),
     "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2-sliding": (
         "Qwen2Config",
@@ -87,7 +89,13 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "gelu-10": ("LlamaConfig", {"hidden_act": "gelu_10"}, "hidden_act"),
     "gemma": ("GemmaConfig", {"head_dim": 16}, "model_type"),
     "gemma2": ("Gemma2Config", {"head_dim": 16}, "model_type"),
-    "phi3": ("Phi3Config", {}, "model_type"),
+    "phi3-partial-rotary": ("Phi3Config", {"partial_rotary_factor": 0.5}, "rope_parameters"),
+    "phi3-longrope": (
+        "Phi3Config",
+        {"rope_parameters": {**YARN, "rope_type": "longrope", "short_factor": [1.0] * 8,
+                             "long_factor": [2.0] * 8}},
+        "rope_parameters",
+    ),
 }
 
 
