@@ -49,6 +49,7 @@ class LlamaConfig:
     qk_norm: bool = False  # RMSNorm over each q/k head before RoPE (qwen3)
     # per layer: the sliding-window span (keys at positions > p - window), None = full
     windows: tuple[int | None, ...] = ()
+    embedding_scale: float | None = None  # embeddings (not the tied head) times this (gemma)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
@@ -100,6 +101,7 @@ class LlamaConfig:
             hidden_act=str(cfg.get("hidden_act", "silu")),
             qk_norm=bool(cfg.get("qk_norm", False)),
             windows=_layer_windows(cfg, num_layers),
+            embedding_scale=cfg.get("embedding_scale"),
         )
 
     def _yarn(self) -> tuple[np.ndarray, float]:

@@ -44,12 +44,11 @@ __all__ = [
 ]
 
 # HF ``model_type`` (GGUF ``general.architecture``) values the runtime runs.
-FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"})
 # Known model types no edgepack version runs, with what they would need.
 _UNSUPPORTED_FAMILIES = {
-    "gemma": "embedding scaling, 1+w norms and GeGLU",
-    "gemma2": "logit soft-capping and alternating local/global attention",
-    "gemma3": "logit soft-capping and alternating local/global attention",
+    "gemma2": "attention and final logit soft-capping, query_pre_attn_scalar, sandwich norms",
+    "gemma3": "q/k norms with 1+w, sandwich norms, dual RoPE bases",
     "phi": "parallel attention/MLP blocks and partial rotary",
     "bert": "an encoder (bidirectional attention, LayerNorm, no generation)",
 }
@@ -69,7 +68,7 @@ ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 
 _NOT_RUN = (
     "no edgepack version runs it; convert a model of a supported family "
-    "(llama, mistral, qwen2, qwen3, phi3)"
+    "(llama, mistral, qwen2, qwen3, phi3, gemma)"
 )
 
 
@@ -150,6 +149,10 @@ HF_KEYS: dict[str, KeyRule] = {
     "layer_types": KeyRule("per-layer full or sliding attention", _layer_types_refusal),
     "attention_dropout": KeyRule("training only: no effect at inference"),
     "pretraining_tp": KeyRule("training only: no effect at inference"),
+    "use_bidirectional_attention": KeyRule(
+        "gemma: attention without the causal mask",
+        lambda v: "bidirectional attention" if v else None,
+    ),
 }
 
 
@@ -261,6 +264,7 @@ PACKAGE_KEYS: dict[str, Callable[[Any], str | None]] = {
     "sliding_window": _opt_int,
     "layer_types": _package_layer_types,
     "qk_norm": _flag,
+    "embedding_scale": lambda v: None if v is None else _pos_float(v),
     "bos_token_id": _token_ids,
     "eos_token_id": _token_ids,
     "family": _package_family,

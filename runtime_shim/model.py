@@ -317,6 +317,8 @@ class Model:
         table = seq.block_table(n_ctx)
         cos, sin = self.rope.lookup(positions)
         x = self.weights.embed.lookup(np.asarray(chunk))
+        if cfg.embedding_scale is not None:  # float32, as transformers' Gemma scales them
+            x = x * np.float32(cfg.embedding_scale)
         if collect is not None:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers

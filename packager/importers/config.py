@@ -21,6 +21,7 @@ from typing import Any
 
 from edgepack.runtime_shim.config_table import (
     ACTIVATIONS,
+    FAMILIES,
     check_package_config,
     check_source_config,
 )
@@ -43,6 +44,9 @@ def check_convertible(architecture: str, config: Mapping[str, Any]) -> None:
     raw = config.get("source_config")
     raw = raw if isinstance(raw, Mapping) else {}
     family = str(config.get("family") or raw.get("model_type") or architecture)
+    if architecture != "llama":  # imported without the canonical (runnable) layout
+        family = str(raw.get("model_type") or architecture)
+        family = family if family not in FAMILIES else f"{family} ({architecture} layout)"
     if "general.architecture" in raw:  # GGUF metadata: only the family is an HF-style key
         check_source_config({}, family)
     else:
@@ -107,9 +111,12 @@ def llama_config_from_hf(
     # which projections have biases, as each family's transformers modeling code decides
     attn_bias = bool(raw.get("attention_bias", False))
     qkv_bias = {"qwen2": True, "mistral": False}.get(family, attn_bias) or has_bias
-    o_bias = attn_bias and family in ("llama", "qwen3")
+    o_bias = attn_bias and family in ("llama", "qwen3", "gemma")
     mlp_bias = bool(raw.get("mlp_bias", False)) and family == "llama"
     act = raw.get("hidden_act", "silu")
+    if family == "gemma" and act == "gelu":  # transformers reads Gemma's "gelu" as tanh-GELU
+        act = "gelu_pytorch_tanh"
+    gemma = family == "gemma"
     # A checkpoint without lm_head can only mean tied embeddings.
     tied = bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names
     name = str(raw.get("_name_or_path") or "")
@@ -128,6 +135,8 @@ def llama_config_from_hf(
         "mlp_bias": mlp_bias,
         "hidden_act": ACTIVATIONS.get(act, act),  # an unknown one is refused at convert
         "qk_norm": family == "qwen3",
+        # Gemma multiplies the embeddings (not the tied head) by sqrt(hidden_size)
+        "embedding_scale": float(ints["hidden_size"] ** 0.5) if gemma else None,
         **_hf_windows(raw, family, ints["num_hidden_layers"]),
         "bos_token_id": raw.get("bos_token_id"),
         "eos_token_id": raw.get("eos_token_id"),

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"})
 # Phi-3's fused projections: canonical name -> the canonical parts, in row order.
 FUSED = {
     "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),

@@ -171,6 +171,8 @@ def _build(
         if canonical == "output.weight" and config.get("tie_word_embeddings"):
             continue  # a tied lm_head duplicates embed.weight
         load = partial(shard.load, source_name)
+        if llama and config["family"] == "gemma" and canonical.endswith("norm.weight"):
+            load = partial(_plus_one, load)  # Gemma's RMSNorm scales by (1 + w)
         fused = FUSED.get(canonical.split(".", 2)[-1]) if llama else None
         if fused is not None:  # Phi-3: split into the projections the runtime runs
             tensors.extend(_split_rows(canonical, shape, dtype, load, fused, config))
@@ -200,6 +202,11 @@ def _build(
         source_files=files,
         source_sha256=sha256_of_files(files),
     )
+
+
+def _plus_one(load: Callable[[], np.ndarray]) -> np.ndarray:
+    """``1 + w`` in float32, exactly what Gemma's norm multiplies by, stored as the weight."""
+    return (np.float32(1) + load().astype(np.float32)).astype(np.float32)
 
 
 def _split_rows(

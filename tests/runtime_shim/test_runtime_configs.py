@@ -61,6 +61,11 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "phi3-fused": ("Phi3Config", {}),
     "phi3-sliding": ("Phi3Config", {"sliding_window": 12, "num_key_value_heads": 4}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "gemma-untied-gelu": (
+        "GemmaConfig",
+        {"head_dim": 32, "hidden_act": "gelu", "tie_word_embeddings": False},
+    ),
     "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2-sliding": (
         "Qwen2Config",
@@ -87,7 +92,11 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         "rope",
     ),
     "gelu-10": ("LlamaConfig", {"hidden_act": "gelu_10"}, "hidden_act"),
-    "gemma": ("GemmaConfig", {"head_dim": 16}, "model_type"),
+    "gemma-bidirectional": (
+        "GemmaConfig",
+        {"head_dim": 16, "use_bidirectional_attention": True},
+        "use_bidirectional_attention",
+    ),
     "gemma2": ("Gemma2Config", {"head_dim": 16}, "model_type"),
     "phi3-partial-rotary": ("Phi3Config", {"partial_rotary_factor": 0.5}, "rope_parameters"),
     "phi3-longrope": (
@@ -111,8 +120,8 @@ def _hf_model(root: Path, name: str, cls: str, overrides: dict[str, Any]) -> tup
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            if "norm" in pname:  # Gemma's norms scale by 1 + w
+                p.copy_(0.2 * torch.randn_like(p) + (0.0 if cls.startswith("Gemma") else 1.0))
             else:
                 p.normal_(0.0, 0.3 if p.dim() > 1 else 0.2)
     model.eval()

@@ -71,8 +71,8 @@ def test_unsupported_rope_type_is_refused_at_open(root: Path) -> None:
     """Refused at convert (tests/runtime_shim/test_runtime_configs.py), and at open when
     an older packager wrote it anyway."""
     plain = convert_to(root, tiny_model_dir(root), "f32")
-    pkg = repack(plain, root / "yarn.epk", rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(IncompatiblePackageError, match="yarn"):
+    pkg = repack(plain, root / "dyn.epk", rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(IncompatiblePackageError, match="dynamic"):
         rt.open(pkg)
 
 
