@@ -89,7 +89,11 @@ def test_unread_tensor_is_refused(root: Path, good: Path) -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [{"rope_scaling": _rope("dynamic", factor=4.0)}, {"hidden_act": "gelu_10"}, {"family": "gemma2"}],
+    [
+        {"rope_scaling": _rope("dynamic", factor=4.0)},
+        {"hidden_act": "gelu_10"},
+        {"family": "gemma2"},
+    ],
 )
 def test_unsupported_value_in_a_package_is_refused_at_open(
     root: Path, good: Path, config: dict[str, Any]
