@@ -50,6 +50,10 @@ class LlamaConfig:
     # per layer: the sliding-window span (keys at positions > p - window), None = full
     windows: tuple[int | None, ...] = ()
     embedding_scale: float | None = None  # embeddings (not the tied head) times this (gemma)
+    attention_scale: float | None = None  # scores scale (None: 1/sqrt(head_dim))
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (gemma2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (gemma2)
+    sandwich_norms: bool = False  # RMSNorm on the attention and FFN outputs too (gemma2)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
@@ -102,6 +106,10 @@ class LlamaConfig:
             qk_norm=bool(cfg.get("qk_norm", False)),
             windows=_layer_windows(cfg, num_layers),
             embedding_scale=cfg.get("embedding_scale"),
+            attention_scale=cfg.get("attention_scale"),
+            attn_softcap=cfg.get("attn_logit_softcapping"),
+            final_softcap=cfg.get("final_logit_softcapping"),
+            sandwich_norms=bool(cfg.get("sandwich_norms", False)),
         )
 
     def _yarn(self) -> tuple[np.ndarray, float]:

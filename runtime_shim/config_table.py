@@ -44,10 +44,9 @@ __all__ = [
 ]
 
 # HF ``model_type`` (GGUF ``general.architecture``) values the runtime runs.
-FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"})
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"})
 # Known model types no edgepack version runs, with what they would need.
 _UNSUPPORTED_FAMILIES = {
-    "gemma2": "attention and final logit soft-capping, query_pre_attn_scalar, sandwich norms",
     "gemma3": "q/k norms with 1+w, sandwich norms, dual RoPE bases",
     "phi": "parallel attention/MLP blocks and partial rotary",
     "bert": "an encoder (bidirectional attention, LayerNorm, no generation)",
@@ -68,7 +67,7 @@ ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 
 _NOT_RUN = (
     "no edgepack version runs it; convert a model of a supported family "
-    "(llama, mistral, qwen2, qwen3, phi3, gemma)"
+    "(llama, mistral, qwen2, qwen3, phi3, gemma, gemma2)"
 )
 
 
@@ -143,6 +142,10 @@ HF_KEYS: dict[str, KeyRule] = {
     "attention_bias": KeyRule("q/k/v (and o, except qwen2) biases"),
     "mlp_bias": KeyRule("gate/up/down biases"),
     "hidden_act": KeyRule("MLP activation", _activation_refusal),
+    "hidden_activation": KeyRule("gemma/gemma2: MLP activation", _activation_refusal),
+    "query_pre_attn_scalar": KeyRule("gemma2: attention scale is its inverse square root"),
+    "attn_logit_softcapping": KeyRule("gemma2: cap * tanh(scores / cap)"),
+    "final_logit_softcapping": KeyRule("gemma2: cap * tanh(logits / cap)"),
     "sliding_window": KeyRule("sliding-window attention span"),
     "use_sliding_window": KeyRule("qwen2/qwen3: sliding window on or off"),
     "max_window_layers": KeyRule("qwen2/qwen3: layers from which the window applies"),
@@ -265,6 +268,10 @@ PACKAGE_KEYS: dict[str, Callable[[Any], str | None]] = {
     "layer_types": _package_layer_types,
     "qk_norm": _flag,
     "embedding_scale": lambda v: None if v is None else _pos_float(v),
+    "attention_scale": lambda v: None if v is None else _pos_float(v),
+    "attn_logit_softcapping": lambda v: None if v is None else _pos_float(v),
+    "final_logit_softcapping": lambda v: None if v is None else _pos_float(v),
+    "sandwich_norms": _flag,
     "bos_token_id": _token_ids,
     "eos_token_id": _token_ids,
     "family": _package_family,

@@ -340,6 +340,8 @@ class Model:
                 inject_overflow=lw.index in inject,
                 activation=cfg.hidden_act,
                 window=cfg.windows[lw.index],
+                attn_scale=cfg.attention_scale,
+                attn_softcap=cfg.attn_softcap,
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
@@ -366,6 +368,15 @@ class Model:
 
     def _head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
         """Logits from final-normed hidden states ``x: [T, hidden]``."""
+        logits = self._project_head(x, stats)
+        cap = self.config.final_softcap
+        if cap is not None:  # gemma2: cap * tanh(logits / cap), in float32
+            logits /= np.float32(cap)
+            np.tanh(logits, out=logits)
+            logits *= np.float32(cap)
+        return logits
+
+    def _project_head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
         k, out = self.kernels, self.weights.output
         if self.act_int8 and out.is_quantized:
             qa = k.quantize_activations(x, out.act_group)

@@ -118,6 +118,8 @@ class LayerWeights:
     down: Linear
     q_norm: np.ndarray | None = None  # [head_dim] RMSNorm weights of each q/k head (qwen3)
     k_norm: np.ndarray | None = None
+    attn_post_norm: np.ndarray | None = None  # [hidden] norms of the attention / FFN
+    ffn_post_norm: np.ndarray | None = None  # outputs before their residual add (gemma2)
     # the shared activation group of q/k/v and of gate/up (None: quantize per weight)
     qkv_group: int | None = field(init=False, default=None)
     gate_up_group: int | None = field(init=False, default=None)
@@ -257,6 +259,7 @@ def bind_weights(pkg: Package, cfg: LlamaConfig) -> ModelWeights:
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         qkv_bias, o_bias, mlp_bias = cfg.attention_bias, cfg.attention_out_bias, cfg.mlp_bias
+        sandwich = cfg.sandwich_norms
         layers.append(
             LayerWeights(
                 index=i,
@@ -271,6 +274,8 @@ def bind_weights(pkg: Package, cfg: LlamaConfig) -> ModelWeights:
                 down=need(p + "ffn_down.weight", (h, f), bias(p + "ffn_down.bias", mlp_bias)),
                 q_norm=vector(p + "attn_q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
                 k_norm=vector(p + "attn_k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
+                attn_post_norm=vector(p + "attn_post_norm.weight", h) if sandwich else None,
+                ffn_post_norm=vector(p + "ffn_post_norm.weight", h) if sandwich else None,
             )
         )
     embed = need("embed.weight", (cfg.vocab_size, h))

@@ -111,12 +111,12 @@ def llama_config_from_hf(
     # which projections have biases, as each family's transformers modeling code decides
     attn_bias = bool(raw.get("attention_bias", False))
     qkv_bias = {"qwen2": True, "mistral": False}.get(family, attn_bias) or has_bias
-    o_bias = attn_bias and family in ("llama", "qwen3", "gemma")
+    o_bias = attn_bias and family in ("llama", "qwen3", "gemma", "gemma2")
     mlp_bias = bool(raw.get("mlp_bias", False)) and family == "llama"
-    act = raw.get("hidden_act", "silu")
+    act = raw.get("hidden_activation" if family == "gemma2" else "hidden_act", "silu")
     if family == "gemma" and act == "gelu":  # transformers reads Gemma's "gelu" as tanh-GELU
         act = "gelu_pytorch_tanh"
-    gemma = family == "gemma"
+    gemma = family in ("gemma", "gemma2")
     # A checkpoint without lm_head can only mean tied embeddings.
     tied = bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names
     name = str(raw.get("_name_or_path") or "")
@@ -137,6 +137,7 @@ def llama_config_from_hf(
         "qk_norm": family == "qwen3",
         # Gemma multiplies the embeddings (not the tied head) by sqrt(hidden_size)
         "embedding_scale": float(ints["hidden_size"] ** 0.5) if gemma else None,
+        **_gemma2_keys(raw, family),
         **_hf_windows(raw, family, ints["num_hidden_layers"]),
         "bos_token_id": raw.get("bos_token_id"),
         "eos_token_id": raw.get("eos_token_id"),
@@ -148,12 +149,34 @@ def llama_config_from_hf(
     return cfg
 
 
+def _gemma2_keys(raw: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """Gemma2's attention scale (``query_pre_attn_scalar ** -0.5``), soft-capping of the
+    attention scores and the final logits (``cap * tanh(x / cap)``) and sandwich norms."""
+    if family != "gemma2":
+        return {}
+    scalar = raw.get("query_pre_attn_scalar", 256)
+    ok = isinstance(scalar, (int, float)) and not isinstance(scalar, bool) and scalar > 0
+    if not ok:
+        raise ImportModelError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
+    return {
+        "attention_scale": float(scalar) ** -0.5,
+        "attn_logit_softcapping": raw.get("attn_logit_softcapping"),
+        "final_logit_softcapping": raw.get("final_logit_softcapping"),
+        "sandwich_norms": True,
+    }
+
+
 def _hf_windows(raw: Mapping[str, Any], family: str, layers: int) -> dict[str, Any]:
     """``sliding_window`` and ``layer_types`` as transformers applies them: Mistral on every
     layer; Qwen2/Qwen3 only with ``use_sliding_window``, on the layers ``layer_types``
     marks (default: from ``max_window_layers`` on); Llama never reads them."""
     # (Phi-3 applies its window on every layer too)
     window = raw.get("sliding_window")
+    if family == "gemma2":  # alternating: even layers slide unless layer_types says otherwise
+        kinds = raw.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)
+        ]
+        return {"sliding_window": window, "layer_types": list(kinds)}
     if family in ("mistral", "phi3"):
         return {"sliding_window": window, "layer_types": None}
     if family not in ("qwen2", "qwen3") or not raw.get("use_sliding_window") or window is None:

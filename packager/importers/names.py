@@ -11,6 +11,7 @@ Canonical names (HF layout, numpy order ``[out_features, in_features]``)::
     layers.{i}.ffn_norm.weight
     layers.{i}.ffn_gate.weight layers.{i}.ffn_up.weight layers.{i}.ffn_down.weight
     layers.{i}.ffn_gate.bias   layers.{i}.ffn_up.bias   layers.{i}.ffn_down.bias (mlp_bias)
+    layers.{i}.attn_post_norm.weight layers.{i}.ffn_post_norm.weight (Gemma2 sandwich norms)
     norm.weight
     output.weight             (absent when the embeddings are tied)
 
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 # HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"})
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"})
 # Phi-3's fused projections: canonical name -> the canonical parts, in row order.
 FUSED = {
     "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
@@ -67,6 +68,13 @@ _HF_LAYER = {
     "mlp.gate_proj.bias": "ffn_gate.bias",
     "mlp.up_proj.bias": "ffn_up.bias",
     "mlp.down_proj.bias": "ffn_down.bias",
+}
+# Gemma2's four norms per layer: its post_attention_layernorm follows the attention
+_HF_SANDWICH = {
+    **_HF_LAYER,
+    "post_attention_layernorm.weight": "attn_post_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "ffn_post_norm.weight",
 }
 _HF_GLOBAL = {
     "model.embed_tokens.weight": "embed.weight",
@@ -113,9 +121,10 @@ def _canonical(
     return name
 
 
-def canonical_from_hf(name: str) -> str:
+def canonical_from_hf(name: str, family: str = "llama") -> str:
     """Canonical name of an HF Llama-family tensor; unknown names come back unchanged."""
-    return _canonical(name, _HF_LAYER_RE, _HF_LAYER, _HF_GLOBAL)
+    layer = _HF_SANDWICH if family == "gemma2" else _HF_LAYER
+    return _canonical(name, _HF_LAYER_RE, layer, _HF_GLOBAL)
 
 
 def canonical_from_gguf(name: str) -> str:
@@ -134,10 +143,12 @@ _LAYER_ORDER = {
             "attn_q_norm",
             "attn_k_norm",
             "attn_o",
+            "attn_post_norm",
             "ffn_norm",
             "ffn_gate",
             "ffn_up",
             "ffn_down",
+            "ffn_post_norm",
         ]
     )
 }

@@ -167,11 +167,11 @@ def _build(
     for source_name, file in weight_map.items():
         shard = shards[file]
         shape, dtype = _check_entry(shard, source_name)
-        canonical = canonical_from_hf(source_name) if llama else source_name
+        canonical = canonical_from_hf(source_name, model_type) if llama else source_name
         if canonical == "output.weight" and config.get("tie_word_embeddings"):
             continue  # a tied lm_head duplicates embed.weight
         load = partial(shard.load, source_name)
-        if llama and config["family"] == "gemma" and canonical.endswith("norm.weight"):
+        if llama and config["family"] in ("gemma", "gemma2") and canonical.endswith("norm.weight"):
             load = partial(_plus_one, load)  # Gemma's RMSNorm scales by (1 + w)
         fused = FUSED.get(canonical.split(".", 2)[-1]) if llama else None
         if fused is not None:  # Phi-3: split into the projections the runtime runs

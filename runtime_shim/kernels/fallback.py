@@ -43,6 +43,8 @@ class NativeGap(str, enum.Enum):
     ACTIVATION = "activation other than SiLU (numpy gated activation)"
     SLIDING_WINDOW = "sliding-window attention (numpy attention)"
     QK_NORM = "q/k head RMSNorm (chained native ops)"
+    ATTENTION_SCORES = "attention scale or score soft-capping (numpy attention)"
+    SANDWICH_NORMS = "norms on the attention and FFN outputs (chained native ops)"
     KV_GROUP = "quantized KV cache of a V group or head_dim native lacks (numpy attention)"
 
     def __str__(self) -> str:

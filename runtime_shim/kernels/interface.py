@@ -73,6 +73,8 @@ class LayerContext:
     inject_overflow: bool = False
     activation: str = "silu"  # act of the FFN's act(gate) * up (see config_table.ACTIVATIONS)
     window: int | None = None  # sliding window: query at p sees keys at p - window < pos <= p
+    attn_scale: float | None = None  # scores scale (None: 1/sqrt(head_dim))
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask
 
     @property
     def windowed(self) -> bool:
@@ -137,6 +139,8 @@ class Kernels(Protocol):
         block_table: np.ndarray,
         start: int,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray: ...
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult: ...

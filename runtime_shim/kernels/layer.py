@@ -88,7 +88,10 @@ class CompositeLayer:
         q = k.rope(q, ctx.cos, ctx.sin, ctx.positions)
         kk = k.rope(kk, ctx.cos, ctx.sin, ctx.positions)
         try:
-            a = k.attend(q, kk, v, ctx.kv, ctx.block_table, ctx.start, window=ctx.window)
+            a = k.attend(
+                q, kk, v, ctx.kv, ctx.block_table, ctx.start,
+                window=ctx.window, scale=ctx.attn_scale, softcap=ctx.attn_softcap,
+            )  # fmt: skip
         except NumericError:
             if act:
                 return LayerResult(None, Fallback.NON_FINITE_KV)
@@ -96,7 +99,7 @@ class CompositeLayer:
         a_in = _activations(k, a, (lw.o,), act)
         if a_in is None:
             return LayerResult(None, Fallback.ATTENTION_OUTPUT)
-        x = k.matmul(a_in[0], lw.o, residual=x)
+        x = _project_add(k, a_in[0], lw.o, x, lw.attn_post_norm, ctx.eps)
 
         # FFN: norm (+ quantize), gate/up, SwiGLU (+ quantize), down
         gu = (lw.gate, lw.up)
@@ -118,10 +121,19 @@ class CompositeLayer:
                 return LayerResult(None, Fallback.FFN_HIDDEN)
         else:
             s_in = self._gated(g, u, ctx.activation)
-        x = k.matmul(s_in, lw.down, residual=x)
+        x = _project_add(k, s_in, lw.down, x, lw.ffn_post_norm, ctx.eps)
         if not np.isfinite(x).all():
             return LayerResult(x, Fallback.NON_FINITE_OUTPUT)
         return LayerResult(x, None)
+
+
+def _project_add(
+    k: Any, a: Any, w: Linear, x: np.ndarray, post_norm: np.ndarray | None, eps: float
+) -> np.ndarray:
+    """``x + a @ w``, the projection RMS-normed first where the model has sandwich norms."""
+    if post_norm is None:
+        return k.matmul(a, w, residual=x)
+    return x + k.rmsnorm(k.matmul(a, w), post_norm, eps)
 
 
 def _activations(

@@ -214,9 +214,12 @@ class NativeKernels(CompositeLayer):
         block_table: np.ndarray,
         start: int,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
         windowed = window is not None and start + q.shape[0] > window
-        if "attend" in self.native_ops and not windowed and _native_kv(kv, q.shape[2]):
+        plain = not windowed and scale is None and softcap is None
+        if "attend" in self.native_ops and plain and _native_kv(kv, q.shape[2]):
             t, nh, hd = q.shape
             try:
                 if t == 1:
@@ -232,7 +235,7 @@ class NativeKernels(CompositeLayer):
                 return out.reshape(t, nh * hd)
             except TypeError as exc:
                 self._drop("attend", exc)
-        return self.numpy.attend(q, k, v, kv, block_table, start, window)
+        return self.numpy.attend(q, k, v, kv, block_table, start, window, scale, softcap)
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
         """The extension's whole layer when it has one, every weight is bound and the layer
@@ -261,6 +264,10 @@ def _native_gap(lw: LayerWeights, ctx: LayerContext) -> NativeGap | None:
         return NativeGap.SLIDING_WINDOW
     if lw.q_norm is not None:
         return NativeGap.QK_NORM
+    if ctx.attn_scale is not None or ctx.attn_softcap is not None:
+        return NativeGap.ATTENTION_SCORES
+    if lw.attn_post_norm is not None:
+        return NativeGap.SANDWICH_NORMS
     if not _native_kv(ctx.kv, ctx.head_dim):
         return NativeGap.KV_GROUP
     return None

@@ -316,6 +316,8 @@ class NumpyKernels(CompositeLayer):
         block_table: np.ndarray,
         start: int,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
         """Write K/V of positions ``start..start+T-1``, then causal attention over
         ``0..start+T-1`` (only the last ``window`` positions with a sliding window);
@@ -323,7 +325,7 @@ class NumpyKernels(CompositeLayer):
         t = q.shape[0]
         self.kv_write(kv, k, v, block_table, start)
         positions = np.arange(start, start + t, dtype=np.int64)
-        return self.attention(q, kv, block_table, start + t, positions, window)
+        return self.attention(q, kv, block_table, start + t, positions, window, scale, softcap)
 
     def kv_write(
         self, kv: LayerKV, k: np.ndarray, v: np.ndarray, block_table: np.ndarray, start: int
@@ -382,6 +384,8 @@ class NumpyKernels(CompositeLayer):
         n_ctx: int,
         positions: np.ndarray,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
         t, nh, hd = q.shape
         k, v = self.read_kv(kv, block_table, n_ctx)
@@ -389,7 +393,11 @@ class NumpyKernels(CompositeLayer):
         rep = nh // nkv
         qh = q.reshape(t, nkv, rep, hd).transpose(1, 2, 0, 3).reshape(nkv, rep * t, hd)
         scores = np.matmul(qh, k.transpose(1, 2, 0))  # [nkv, rep*t, n]
-        scores *= _F32(1.0 / np.sqrt(hd))
+        scores *= _F32(1.0 / np.sqrt(hd) if scale is None else scale)
+        if softcap is not None:  # gemma2: cap * tanh(scores / cap), before the mask
+            scores /= _F32(softcap)
+            np.tanh(scores, out=scores)
+            scores *= _F32(softcap)
         windowed = window is not None and n_ctx > window
         if t > 1 or int(positions[-1]) != n_ctx - 1 or windowed:
             pos = np.tile(positions, rep)  # row r*t + i is query i

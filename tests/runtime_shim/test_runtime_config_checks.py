@@ -63,8 +63,8 @@ def test_missing_tensor_is_corrupt_at_open(root: Path, good: Path) -> None:
 
 
 def test_unknown_config_key_needs_a_newer_runtime(root: Path, good: Path) -> None:
-    pkg = repack(good, root / "newer-key.epk", attn_logit_softcapping=50.0)
-    with pytest.raises(IncompatiblePackageError, match="attn_logit_softcapping") as info:
+    pkg = repack(good, root / "newer-key.epk", rope_pre_scale=50.0)
+    with pytest.raises(IncompatiblePackageError, match="rope_pre_scale") as info:
         rt.open(pkg, kernels="numpy")
     assert exit_code_for(info.value) == EXIT_INCOMPATIBLE
 
@@ -92,7 +92,7 @@ def test_unread_tensor_is_refused(root: Path, good: Path) -> None:
     [
         {"rope_scaling": _rope("dynamic", factor=4.0)},
         {"hidden_act": "gelu_10"},
-        {"family": "gemma2"},
+        {"family": "bert"},
     ],
 )
 def test_unsupported_value_in_a_package_is_refused_at_open(

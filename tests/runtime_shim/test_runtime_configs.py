@@ -66,6 +66,16 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
         "GemmaConfig",
         {"head_dim": 32, "hidden_act": "gelu", "tie_word_embeddings": False},
     ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 8.0,
+            "final_logit_softcapping": 6.0,
+        },
+    ),
     "mistral-sliding-16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2-sliding": (
         "Qwen2Config",
@@ -97,7 +107,7 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         {"head_dim": 16, "use_bidirectional_attention": True},
         "use_bidirectional_attention",
     ),
-    "gemma2": ("Gemma2Config", {"head_dim": 16}, "model_type"),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16}, "model_type"),
     "phi3-partial-rotary": ("Phi3Config", {"partial_rotary_factor": 0.5}, "rope_parameters"),
     "phi3-longrope": (
         "Phi3Config",
