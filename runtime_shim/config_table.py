@@ -61,7 +61,9 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 # RoPE scaling types the runtime computes exactly as transformers does (None: plain).
-ROPE_TYPES = frozenset({"linear", "llama3", "yarn"})
+# "dynamic" (NTK) only rescales beyond max_position_embeddings, which is the runtime's
+# context limit (a longer context is refused), so within it it is plain RoPE.
+ROPE_TYPES = frozenset({"linear", "llama3", "yarn", "dynamic"})
 _PLAIN_ROPE = (None, "default", "none")
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
 

@@ -90,7 +90,7 @@ def test_unread_tensor_is_refused(root: Path, good: Path) -> None:
 @pytest.mark.parametrize(
     "config",
     [
-        {"rope_scaling": _rope("dynamic", factor=4.0)},
+        {"rope_scaling": _rope("longrope", factor=4.0)},
         {"hidden_act": "gelu_10"},
         {"family": "bert"},
     ],
@@ -112,8 +112,8 @@ def test_cli_refuses_an_unsupported_model_in_one_line(
     """`edgepack convert` of a model no version runs: exit 2, one line naming the key."""
     from edgepack.cli import main
 
-    src = tiny_model_dir(root, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    out = root / "dynamic.epk"
+    src = tiny_model_dir(root, rope_scaling={"rope_type": "longrope", "factor": 2.0})
+    out = root / "longrope.epk"
     capsys.readouterr()
     assert main(["convert", str(src), "-o", str(out), "--encoding", "f32"]) == EXIT_USAGE
     err = capsys.readouterr().err

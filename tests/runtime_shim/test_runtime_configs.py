@@ -54,6 +54,11 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16},
     ),
     "llama-head-dim-24": ("LlamaConfig", {"head_dim": 24}),
+    # within the context limit (which open enforces) dynamic NTK is plain RoPE
+    "llama-rope-dynamic": (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    ),
     "llama-rope-yarn": ("LlamaConfig", {"rope_parameters": YARN}),
     "llama-rope-yarn-mscale": (
         "LlamaConfig",
@@ -96,9 +101,10 @@ IMPLEMENTED: dict[str, tuple[str, dict[str, Any]]] = {
 
 # name -> (config class, overrides, the key the refusal names)
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
-    "rope-dynamic": (
+    "llama-rope-longrope": (
         "LlamaConfig",
-        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+        {"rope_parameters": {**YARN, "rope_type": "longrope", "short_factor": [1.0] * 8,
+                             "long_factor": [2.0] * 8}},
         "rope",
     ),
     "gelu-10": ("LlamaConfig", {"hidden_act": "gelu_10"}, "hidden_act"),

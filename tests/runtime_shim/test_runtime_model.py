@@ -71,8 +71,8 @@ def test_unsupported_rope_type_is_refused_at_open(root: Path) -> None:
     """Refused at convert (tests/runtime_shim/test_runtime_configs.py), and at open when
     an older packager wrote it anyway."""
     plain = convert_to(root, tiny_model_dir(root), "f32")
-    pkg = repack(plain, root / "dyn.epk", rope_scaling={"rope_type": "dynamic", "factor": 4.0})
-    with pytest.raises(IncompatiblePackageError, match="dynamic"):
+    pkg = repack(plain, root / "lr.epk", rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(IncompatiblePackageError, match="longrope"):
         rt.open(pkg)
 
 
