@@ -49,6 +49,15 @@ _LAYER_ATTR = {
     "ffn_up": "up",
     "ffn_down": "down",
 }
+# runtime LayerWeights attribute of each per-layer norm (1-D weights)
+_NORM_ATTR = {
+    "attn_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "attn_post_norm": "attn_post_norm",
+    "ffn_post_norm": "ffn_post_norm",
+}
 _LAYER_TENSOR = re.compile(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$")
 _F32 = np.float32
 
@@ -128,7 +137,7 @@ class WeightOverrides:
     def __init__(self, model: Model) -> None:
         self.model = model
         w = model.weights
-        keep = (*_LAYER_ATTR.values(), "attn_norm", "ffn_norm")
+        keep = (*_LAYER_ATTR.values(), *_NORM_ATTR.values())
         self._orig: dict[str, Any] = {
             "embed": w.embed,
             "output": w.output,
@@ -157,8 +166,8 @@ class WeightOverrides:
         m = _LAYER_TENSOR.match(name)
         if name == "norm.weight":
             w.norm = v
-        elif m and m[3] == "weight" and m[2] in ("attn_norm", "ffn_norm"):
-            setattr(w.layers[int(m[1])], m[2], v)
+        elif m and m[3] == "weight" and m[2] in _NORM_ATTR:
+            setattr(w.layers[int(m[1])], _NORM_ATTR[m[2]], v)
         elif m and m[3] == "bias" and m[2] in _LAYER_ATTR:
             lw = w.layers[int(m[1])]
             old = getattr(lw, _LAYER_ATTR[m[2]])

@@ -96,6 +96,28 @@ def repack(src: Path, out: Path, drop: tuple[str, ...] = (), **config) -> Path:
     return out
 
 
+def hf_random_model(directory: Path, config_class: str, config: dict):
+    """A tiny random model made with a transformers config class, saved to ``directory``;
+    weights re-drawn (matrices N(0, 0.3), norms near their identity) so logits are not
+    flat. Returns the torch model (eval mode, eager attention) for reference logits."""
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, config_class)(**config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    offset = 0.0 if config_class.startswith("Gemma") else 1.0  # Gemma's norms scale by 1 + w
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(0.2 * torch.randn_like(p) + offset)
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.2)
+    model.eval()
+    model.save_pretrained(directory)
+    return model
+
+
 def hf_logits(model_dir: Path, ids: list[int], gguf_file: str | None = None) -> np.ndarray:
     """float32 ``[T, vocab]`` logits from transformers on torch CPU (float32, eager)."""
     import torch

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from runtime_fixtures import cosine
+from runtime_fixtures import cosine, hf_random_model
 
 import edgepack.runtime_shim as rt
 from edgepack.cli.exit_codes import EXIT_USAGE, exit_code_for
@@ -130,20 +130,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _hf_model(root: Path, name: str, cls: str, overrides: dict[str, Any]) -> tuple[Path, Any]:
-    """A tiny random model saved as an HF folder; weights re-drawn so logits are not flat."""
-    cfg = getattr(transformers, cls)(**{**BASE, **overrides})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "norm" in pname:  # Gemma's norms scale by 1 + w
-                p.copy_(0.2 * torch.randn_like(p) + (0.0 if cls.startswith("Gemma") else 1.0))
-            else:
-                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.2)
-    model.eval()
-    d = root / name
-    model.save_pretrained(d)
-    return d, model
+    """A tiny random model saved as an HF folder, and the torch model itself."""
+    return root / name, hf_random_model(root / name, cls, {**BASE, **overrides})
 
 
 def _reference(model: Any) -> np.ndarray:
