@@ -38,7 +38,6 @@ __all__ = [
     "ROPE_TYPES",
     "check_package_config",
     "check_source_config",
-    "hf_activation",
     "rope_type_of",
     "unread_tensors_error",
 ]
@@ -83,14 +82,6 @@ def rope_type_of(scaling: Any) -> str | None:
         return None
     kind = scaling.get("rope_type", scaling.get("type"))
     return None if kind in _PLAIN_ROPE else kind
-
-
-def hf_activation(raw: Mapping[str, Any]) -> str:
-    """The canonical activation of an HF config (``hidden_act``, default SiLU)."""
-    act = raw.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
-        raise _unsupported("hidden_act", f"activation {act!r}")
-    return ACTIVATIONS[act]
 
 
 # -- Hugging Face config keys ---------------------------------------------------------------

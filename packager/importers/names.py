@@ -29,6 +29,8 @@ import re
 
 import numpy as np
 
+from edgepack.runtime_shim.config_table import FAMILIES
+
 __all__ = [
     "FUSED",
     "LLAMA_FAMILY",
@@ -39,8 +41,8 @@ __all__ = [
     "unpermute_qk",
 ]
 
-# HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"})
+# HF ``model_type`` values that share the Llama graph: the families the runtime runs.
+LLAMA_FAMILY = FAMILIES
 # Phi-3's fused projections: canonical name -> the canonical parts, in row order.
 FUSED = {
     "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
