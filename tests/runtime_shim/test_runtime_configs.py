@@ -208,3 +208,25 @@ def test_yarn_is_not_vacuous(root: Path) -> None:
     _, yarn = _hf_model(root, "yarn-on", *IMPLEMENTED["llama-rope-yarn"])
     _, plain = _hf_model(root, "yarn-off", "LlamaConfig", {})
     assert np.abs(_reference(yarn) - _reference(plain)).max() > 1e-2
+
+
+def test_native_path_names_what_it_leaves_to_numpy(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the native whole layer lacks a feature the layer runs as a chain of ops, and
+    one log line gives the typed reason (never an approximate native run)."""
+    from edgepack.runtime_shim.kernels.fallback import NativeGap
+
+    pkg = root / "llama-gelu.epk"
+    if not pkg.exists():
+        src, _ = _hf_model(root, "gelu-native", *IMPLEMENTED["llama-gelu"])
+        convert(src, pkg, encoding="f32")
+    try:
+        m = rt.open(pkg, kv="float", kernels="native")
+    except rt.KernelUnavailableError:
+        pytest.skip("no native kernels")
+    with caplog.at_level("INFO", logger="edgepack.runtime"), m:
+        m.logits(IDS[:8])
+        m.logits(IDS[:8])
+    lines = [r.getMessage() for r in caplog.records if "whole layer not used" in r.getMessage()]
+    assert lines == [f"native whole layer not used: {NativeGap.ACTIVATION}"]
