@@ -20,10 +20,13 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
+from edgepack.format.errors import EdgepackError
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
+from edgepack.runtime_shim.instrument import check_runnable
 
 from .encode import EncodingChoice, encode_tensor, parse_encoding
+from .errors import ImportModelError
 from .importers import SourceModel, SourceTensor, open_source
 from .importers.config import check_convertible
 
@@ -154,7 +157,19 @@ def convert(
                 on_tensor(tensor.name, math.prod(tensor.shape))
         _add_sections(writer, source, plans)
         writer.finish(signing_keys)
+    _check_opens(Path(out), source.name)
     return ConvertResult(Path(out), plans, tensor_bytes)
+
+
+def _check_opens(path: Path, name: str) -> None:
+    """The package must open with this runtime (config valid, every tensor the config
+    implies present, none it would not read): otherwise it is removed and the source
+    refused, so convert never leaves a package that runs wrong or not at all."""
+    try:
+        check_runnable(path)
+    except EdgepackError as exc:
+        path.unlink(missing_ok=True)
+        raise ImportModelError(f"{name}: {exc}") from None
 
 
 def _add_sections(writer: PackageSizer, source: SourceModel, plans: list[TensorPlan]) -> None:

@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.format import Encoding
+from edgepack.format import Encoding, Package
 
+from .config import LlamaConfig
 from .kernels import NumpyKernels, select_kernels
 from .kernels.numpy_backend import set_blas_threads
 from .model import Model, open
-from .weights import Embedding, Linear, quantized_linear
+from .weights import Embedding, Linear, bind_weights, quantized_linear
 
 __all__ = [
     "WeightOverrides",
+    "check_runnable",
     "make_linear",
     "observe_matmuls",
     "open_float_reference",
@@ -60,6 +62,14 @@ _NORM_ATTR = {
 }
 _LAYER_TENSOR = re.compile(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$")
 _F32 = np.float32
+
+
+def check_runnable(path: str | os.PathLike[str]) -> None:
+    """Raise what ``open`` would about the package's model config and tensor set (typed:
+    corrupt, unsupported, unread tensors), leaving out the runtime-version checks a
+    package pinned to a newer runtime is meant to fail."""
+    with Package.open(path) as pkg:
+        bind_weights(pkg, LlamaConfig.from_dict(pkg.header.identity.config))
 
 
 def open_float_reference(path: str | os.PathLike[str]) -> Model:

@@ -1,5 +1,6 @@
 """`build` applies the config-key table too: families the runtime implements build and
-open; one it does not is refused before any work, naming the key."""
+open; one it does not is refused before any work, naming the key. `convert` leaves no
+package whose tensors do not match its config."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from runtime_fixtures import hf_random_model
 
 import edgepack.runtime_shim as rt
 from edgepack.packager.build import build
+from edgepack.packager.convert import convert
+from edgepack.packager.errors import ImportModelError
+from edgepack.packager.importers.synthetic import TinyLlamaSpec, write_hf_llama
 from edgepack.packager.recipe import parse_recipe
 from edgepack.runtime_shim.errors import UnsupportedModelError
 
@@ -49,3 +53,20 @@ def test_build_refuses_an_unsupported_family(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match="model_type") as info:
         build(tmp_path / "src", tmp_path / "b.epk", parse_recipe(RTN), report=False)
     assert info.value.key == "model_type" and not (tmp_path / "b.epk").exists()
+
+
+def test_convert_refuses_a_checkpoint_without_the_tensors_its_config_implies(
+    tmp_path: Path,
+) -> None:
+    """A Llama config with ``mlp_bias`` over a checkpoint without MLP biases: transformers
+    would run random biases; convert refuses it and writes nothing."""
+    import json
+
+    src = tmp_path / "src"
+    write_hf_llama(src, TinyLlamaSpec())
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "mlp_bias": True}))
+    out = tmp_path / "b.epk"
+    with pytest.raises(ImportModelError, match=r"ffn_gate\.bias"):
+        convert(src, out, encoding="f32")
+    assert not out.exists()
