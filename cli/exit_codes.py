@@ -45,7 +45,7 @@ def _table() -> dict[type[BaseException], int]:
         SignatureError,
     )
     from edgepack.packager.errors import ImportModelError, InputError
-    from edgepack.runtime_shim.errors import InvalidRequestError
+    from edgepack.runtime_shim.errors import InvalidRequestError, UnsupportedModelError
     from edgepack.server.errors import (
         ExpiredMetadataError,
         InvalidStoreURLError,
@@ -73,6 +73,8 @@ def _table() -> dict[type[BaseException], int]:
         InputError: EXIT_USAGE,
         # runtime
         InvalidRequestError: EXIT_USAGE,
+        # runtime: a model no edgepack version runs (a newer runtime would not help)
+        UnsupportedModelError: EXIT_USAGE,
         # server: stores and release repositories
         StoreError: EXIT_FAILED,
         InvalidStoreURLError: EXIT_USAGE,

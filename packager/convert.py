@@ -21,14 +21,17 @@ from edgepack.format import (
     SectionKind,
 )
 from edgepack.format.compat import parse_semver
+from edgepack.format.errors import EdgepackError
 from edgepack.format.names import check_name, slug_name
 from edgepack.format.output_file import check_output_path
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
+from edgepack.runtime_shim.instrument import check_runnable
 
 from .encode import GROUP_SIZES, EncodingChoice, encode_tensor, parse_encoding
-from .errors import InputError
+from .errors import ImportModelError, InputError
 from .importers import SourceModel, SourceTensor, open_source
+from .importers.config import check_convertible
 
 __all__ = [
     "ConvertResult",
@@ -155,6 +158,7 @@ def convert(
     given_name = resolve_model_name(model_name, "") if model_name is not None else None
     source: SourceModel = open_source(src)
     check_output_path(out, [src, *source.source_files], overwrite=True)
+    check_convertible(source.architecture, source.config)
     base = parse_encoding(encoding)
     embed = parse_encoding(embedding_encoding) if embedding_encoding else None
     plans = plan_encodings(source.tensors, base, embed)
@@ -205,7 +209,19 @@ def convert(
                 on_tensor(tensor.name, math.prod(tensor.shape))
         _add_sections(writer, source, plans)
         writer.finish(signing_keys)
+    _check_opens(Path(out), source.name)
     return ConvertResult(Path(out), plans, tensor_bytes)
+
+
+def _check_opens(path: Path, name: str) -> None:
+    """The package must open with this runtime (config valid, every tensor the config
+    implies present, none it would not read): otherwise it is removed and the source
+    refused, so convert never leaves a package that runs wrong or not at all."""
+    try:
+        check_runnable(path)
+    except EdgepackError as exc:
+        path.unlink(missing_ok=True)
+        raise ImportModelError(f"{name}: {exc}") from None
 
 
 def _add_sections(writer: PackageSizer, source: SourceModel, plans: list[TensorPlan]) -> None:

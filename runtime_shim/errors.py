@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from edgepack.format.errors import EdgepackError
+from edgepack.format.errors import EdgepackError, IncompatiblePackageError
 
 __all__ = [
     "ChatTemplateError",
@@ -19,6 +19,7 @@ __all__ = [
     "NumericError",
     "RuntimeShimError",
     "TokenizerUnavailableError",
+    "UnsupportedModelError",
 ]
 
 
@@ -30,6 +31,17 @@ class InvalidRequestError(RuntimeShimError, ValueError):
     """A request the runtime cannot serve as given: an empty prompt, a prompt longer than
     the model's context, trusted keys with nothing checking them, packages that cannot
     be compared. Fix the arguments. (Also a ValueError, as API misuse always was.)"""
+
+
+class UnsupportedModelError(IncompatiblePackageError):
+    """The model uses a config key or value no edgepack version implements (a model type,
+    an activation, a RoPE scaling): refused at convert/build and at open. Unlike its base,
+    updating the runtime does not help, so it has its own exit code. ``key`` names the
+    config key (see :mod:`edgepack.runtime_shim.config_table`)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class KVCacheFullError(RuntimeShimError):

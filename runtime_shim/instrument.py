@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.format import Encoding
+from edgepack.format import Encoding, Package
 
+from .config import LlamaConfig
 from .kernels import NumpyKernels, select_kernels
 from .kernels.numpy_backend import set_blas_threads
 from .model import Model, open
-from .weights import Embedding, Linear, quantized_linear
+from .weights import Embedding, Linear, bind_weights, quantized_linear
 
 __all__ = [
     "WeightOverrides",
+    "check_runnable",
     "make_linear",
     "observe_matmuls",
     "open_float_reference",
@@ -49,8 +51,25 @@ _LAYER_ATTR = {
     "ffn_up": "up",
     "ffn_down": "down",
 }
+# runtime LayerWeights attribute of each per-layer norm (1-D weights)
+_NORM_ATTR = {
+    "attn_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "attn_post_norm": "attn_post_norm",
+    "ffn_post_norm": "ffn_post_norm",
+}
 _LAYER_TENSOR = re.compile(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$")
 _F32 = np.float32
+
+
+def check_runnable(path: str | os.PathLike[str]) -> None:
+    """Raise what ``open`` would about the package's model config and tensor set (typed:
+    corrupt, unsupported, unread tensors), leaving out the runtime-version checks a
+    package pinned to a newer runtime is meant to fail."""
+    with Package.open(path) as pkg:
+        bind_weights(pkg, LlamaConfig.from_dict(pkg.header.identity.config))
 
 
 def open_float_reference(path: str | os.PathLike[str]) -> Model:
@@ -128,7 +147,7 @@ class WeightOverrides:
     def __init__(self, model: Model) -> None:
         self.model = model
         w = model.weights
-        keep = (*_LAYER_ATTR.values(), "attn_norm", "ffn_norm")
+        keep = (*_LAYER_ATTR.values(), *_NORM_ATTR.values())
         self._orig: dict[str, Any] = {
             "embed": w.embed,
             "output": w.output,
@@ -157,8 +176,8 @@ class WeightOverrides:
         m = _LAYER_TENSOR.fullmatch(name)
         if name == "norm.weight":
             w.norm = v
-        elif m and m[3] == "weight" and m[2] in ("attn_norm", "ffn_norm"):
-            setattr(w.layers[int(m[1])], m[2], v)
+        elif m and m[3] == "weight" and m[2] in _NORM_ATTR:
+            setattr(w.layers[int(m[1])], _NORM_ATTR[m[2]], v)
         elif m and m[3] == "bias" and m[2] in _LAYER_ATTR:
             lw = w.layers[int(m[1])]
             old = getattr(lw, _LAYER_ATTR[m[2]])

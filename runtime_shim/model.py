@@ -173,7 +173,7 @@ class Model:
         self.prefill_chunk = max(1, prefill_chunk)
         salt = pkg.preamble.header_digest
         self.kv_pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_config, salt=salt)
-        self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs))
+        self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs), cfg.rope_attention_scaling)
         self.inject_overflow_layers: set[int] = _inject_layers(cfg.num_layers)
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()
@@ -335,6 +335,8 @@ class Model:
         table = seq.block_table(n_ctx)
         cos, sin = self.rope.lookup(positions)
         x = self.weights.embed.lookup(np.asarray(chunk))
+        if cfg.embedding_scale is not None:  # float32, as transformers' Gemma scales them
+            x = x * np.float32(cfg.embedding_scale)
         if collect is not None:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
@@ -354,6 +356,10 @@ class Model:
                 kv=self.kv_pool.layer(lw.index),
                 act_int8=self.act_int8,
                 inject_overflow=lw.index in inject,
+                activation=cfg.hidden_act,
+                window=cfg.windows[lw.index],
+                attn_scale=cfg.attention_scale,
+                attn_softcap=cfg.attn_softcap,
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
@@ -380,6 +386,15 @@ class Model:
 
     def _head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
         """Logits from final-normed hidden states ``x: [T, hidden]``."""
+        logits = self._project_head(x, stats)
+        cap = self.config.final_softcap
+        if cap is not None:  # gemma2: cap * tanh(logits / cap), in float32
+            logits /= np.float32(cap)
+            np.tanh(logits, out=logits)
+            logits *= np.float32(cap)
+        return logits
+
+    def _project_head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
         k, out = self.kernels, self.weights.output
         if self.act_int8 and out.is_quantized:
             qa = k.quantize_activations(x, out.act_group)

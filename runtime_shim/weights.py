@@ -116,6 +116,10 @@ class LayerWeights:
     gate: Linear
     up: Linear
     down: Linear
+    q_norm: np.ndarray | None = None  # [head_dim] RMSNorm weights of each q/k head (qwen3)
+    k_norm: np.ndarray | None = None
+    attn_post_norm: np.ndarray | None = None  # [hidden] norms of the attention / FFN
+    ffn_post_norm: np.ndarray | None = None  # outputs before their residual add (gemma2)
     # the shared activation group of q/k/v and of gate/up (None: quantize per weight)
     qkv_group: int | None = field(init=False, default=None)
     gate_up_group: int | None = field(init=False, default=None)
@@ -212,6 +216,8 @@ def quantized_linear(
 
 
 def _vector(pkg: Package, name: str, size: int) -> np.ndarray:
+    if name not in pkg.header.tensor_index:
+        raise CorruptPackageError(f"package lacks tensor {name!r}, which its config implies")
     value = np.ascontiguousarray(pkg.dequantize(name), np.float32).reshape(-1)
     if value.size != size:
         raise CorruptPackageError(f"{name} has {value.size} values, {size} expected")
@@ -219,44 +225,90 @@ def _vector(pkg: Package, name: str, size: int) -> np.ndarray:
 
 
 def bind_weights(pkg: Package, cfg: LlamaConfig) -> ModelWeights:
-    """Views of every tensor the decoder needs; shapes are checked against ``cfg``."""
+    """Views of every tensor the decoder needs; shapes are checked against ``cfg``.
+
+    The tensor set must be the one the config implies: a missing tensor is corruption,
+    one the decoder would not read (a bias this runtime does not apply, say) is refused,
+    so nothing stored is silently ignored."""
     h, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     names = pkg.header.tensor_index
+    used: set[str] = set()
 
     def need(name: str, shape: tuple[int, int], bias: str | None = None) -> Linear:
         if name not in names:
-            raise CorruptPackageError(f"package lacks tensor {name!r}")
+            raise CorruptPackageError(f"package lacks tensor {name!r}, which its config implies")
+        if bias is not None:
+            used.add(bias)
+        used.add(name)
         lin = _linear(pkg, name, bias)
         if (lin.rows, lin.cols) != shape:
             raise CorruptPackageError(f"{name} is {lin.rows}x{lin.cols}, {shape} expected")
+        if bias is not None and lin.bias is None:
+            raise CorruptPackageError(f"package lacks tensor {bias!r}, which its config implies")
         return lin
+
+    def vector(name: str, size: int) -> np.ndarray:
+        used.add(name)
+        return _vector(pkg, name, size)
+
+    def bias(name: str, wanted: bool) -> str | None:
+        # q/k/v biases are bound when stored (packages before the config said so)
+        return name if wanted or (name.endswith(_QKV_BIAS) and name in names) else None
 
     layers = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
+        qkv_bias, o_bias, mlp_bias = cfg.attention_bias, cfg.attention_out_bias, cfg.mlp_bias
+        sandwich = cfg.sandwich_norms
         layers.append(
             LayerWeights(
                 index=i,
-                attn_norm=_vector(pkg, p + "attn_norm.weight", h),
-                q=need(p + "attn_q.weight", (q, h), p + "attn_q.bias"),
-                k=need(p + "attn_k.weight", (kv, h), p + "attn_k.bias"),
-                v=need(p + "attn_v.weight", (kv, h), p + "attn_v.bias"),
-                o=need(p + "attn_o.weight", (h, q)),
-                ffn_norm=_vector(pkg, p + "ffn_norm.weight", h),
-                gate=need(p + "ffn_gate.weight", (f, h)),
-                up=need(p + "ffn_up.weight", (f, h)),
-                down=need(p + "ffn_down.weight", (h, f)),
+                attn_norm=vector(p + "attn_norm.weight", h),
+                q=need(p + "attn_q.weight", (q, h), bias(p + "attn_q.bias", qkv_bias)),
+                k=need(p + "attn_k.weight", (kv, h), bias(p + "attn_k.bias", qkv_bias)),
+                v=need(p + "attn_v.weight", (kv, h), bias(p + "attn_v.bias", qkv_bias)),
+                o=need(p + "attn_o.weight", (h, q), bias(p + "attn_o.bias", o_bias)),
+                ffn_norm=vector(p + "ffn_norm.weight", h),
+                gate=need(p + "ffn_gate.weight", (f, h), bias(p + "ffn_gate.bias", mlp_bias)),
+                up=need(p + "ffn_up.weight", (f, h), bias(p + "ffn_up.bias", mlp_bias)),
+                down=need(p + "ffn_down.weight", (h, f), bias(p + "ffn_down.bias", mlp_bias)),
+                q_norm=vector(p + "attn_q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
+                k_norm=vector(p + "attn_k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
+                attn_post_norm=vector(p + "attn_post_norm.weight", h) if sandwich else None,
+                ffn_post_norm=vector(p + "ffn_post_norm.weight", h) if sandwich else None,
             )
         )
     embed = need("embed.weight", (cfg.vocab_size, h))
     output = need("output.weight", (cfg.vocab_size, h)) if "output.weight" in names else embed
     rope_freqs = None
     if "rope_freqs.weight" in names:
-        rope_freqs = _vector(pkg, "rope_freqs.weight", cfg.head_dim // 2)
+        rope_freqs = vector("rope_freqs.weight", cfg.head_dim // 2)
+    norm = vector("norm.weight", h)
+    _refuse_unread(pkg, used)
     return ModelWeights(
         embed=Embedding(embed),
         layers=layers,
-        norm=_vector(pkg, "norm.weight", h),
+        norm=norm,
         output=output,
         rope_freqs=rope_freqs,
     )
+
+
+_QKV_BIAS = (".attn_q.bias", ".attn_k.bias", ".attn_v.bias")
+# Buffers some checkpoints carry that transformers derives again (no information).
+_DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _refuse_unread(pkg: Package, used: set[str]) -> None:
+    """A stored tensor the decoder would not read means the math it stands for is missing
+    (an o_proj bias under its source name, say): refuse instead of ignoring it."""
+    factors = {f for t in pkg.header.tensors for f in (t.factors or ())}
+    unread = sorted(
+        name
+        for name in pkg.header.tensor_index
+        if name not in used and name not in factors and not name.endswith(_DERIVED_SUFFIXES)
+    )
+    if unread:
+        from .config_table import unread_tensors_error
+
+        raise unread_tensors_error(unread)

@@ -79,6 +79,45 @@ def convert_to(root: Path, src: Path, encoding: str, name: str | None = None) ->
     return out
 
 
+def repack(src: Path, out: Path, drop: tuple[str, ...] = (), **config) -> Path:
+    """``src`` with its model config updated (a value of None removes the key) and the
+    tensors in ``drop`` left out: what a buggy, older or hostile packager could write."""
+    from edgepack.format import Package, PackageWriter
+
+    with Package.open(src) as pkg:
+        cfg = {**pkg.header.identity.config, **config}
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        identity = replace(pkg.header.identity, config=cfg)
+        with PackageWriter(out, identity, required_operators=pkg.header.required_operators) as w:
+            for t in pkg.header.tensors:
+                if t.name not in drop:
+                    w.add_tensor(t.name, t.encoding, pkg.dequantize(t.name))
+            w.finish()
+    return out
+
+
+def hf_random_model(directory: Path, config_class: str, config: dict):
+    """A tiny random model made with a transformers config class, saved to ``directory``;
+    weights re-drawn (matrices N(0, 0.3), norms near their identity) so logits are not
+    flat. Returns the torch model (eval mode, eager attention) for reference logits."""
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, config_class)(**config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    offset = 0.0 if config_class.startswith("Gemma") else 1.0  # Gemma's norms scale by 1 + w
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(0.2 * torch.randn_like(p) + offset)
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.2)
+    model.eval()
+    model.save_pretrained(directory)
+    return model
+
+
 def hf_logits(model_dir: Path, ids: list[int], gguf_file: str | None = None) -> np.ndarray:
     """float32 ``[T, vocab]`` logits from transformers on torch CPU (float32, eager)."""
     import torch

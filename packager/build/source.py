@@ -207,7 +207,10 @@ def _no_reader(name: str) -> np.ndarray:
 
 
 def open_float(src: Path) -> FloatModel:
-    """The source as a :class:`FloatModel` (nothing written yet)."""
+    """The source as a :class:`FloatModel` (nothing written yet); a model the runtime would
+    not run exactly is refused here, before any work (``check_convertible``)."""
+    from ..importers.config import check_convertible
+
     if src.suffix == ".epk":
         pkg = Package.open(src)
         try:
@@ -217,6 +220,7 @@ def open_float(src: Path) -> FloatModel:
                     "(safetensors, HF directory, GGUF or an f32/f16/bf16 package)"
                 )
             h = pkg.header
+            check_convertible(h.identity.architecture, h.identity.config)
             tok = pkg.section(SectionKind.TOKENIZER)
             chat = pkg.section(SectionKind.CHAT_TEMPLATE)
             prov = h.provenance
@@ -241,6 +245,7 @@ def open_float(src: Path) -> FloatModel:
     from ..importers import open_source
 
     source = open_source(src)
+    check_convertible(source.architecture, source.config)
     by_name = {t.name: t for t in source.tensors}
     raw = source.config.get("source_config")
     return FloatModel(

@@ -6,9 +6,12 @@ Canonical names (HF layout, numpy order ``[out_features, in_features]``)::
     layers.{i}.attn_norm.weight
     layers.{i}.attn_q.weight  layers.{i}.attn_k.weight  layers.{i}.attn_v.weight
     layers.{i}.attn_q.bias    layers.{i}.attn_k.bias    layers.{i}.attn_v.bias  (Qwen2)
-    layers.{i}.attn_o.weight
+    layers.{i}.attn_q_norm.weight layers.{i}.attn_k_norm.weight  (Qwen3 head norms)
+    layers.{i}.attn_o.weight  layers.{i}.attn_o.bias (Llama attention_bias)
     layers.{i}.ffn_norm.weight
     layers.{i}.ffn_gate.weight layers.{i}.ffn_up.weight layers.{i}.ffn_down.weight
+    layers.{i}.ffn_gate.bias   layers.{i}.ffn_up.bias   layers.{i}.ffn_down.bias (mlp_bias)
+    layers.{i}.attn_post_norm.weight layers.{i}.ffn_post_norm.weight (Gemma2 sandwich norms)
     norm.weight
     output.weight             (absent when the embeddings are tied)
 
@@ -26,7 +29,10 @@ import re
 
 import numpy as np
 
+from edgepack.runtime_shim.config_table import FAMILIES
+
 __all__ = [
+    "FUSED",
     "LLAMA_FAMILY",
     "canonical_from_gguf",
     "canonical_from_hf",
@@ -35,8 +41,13 @@ __all__ = [
     "unpermute_qk",
 ]
 
-# HF ``model_type`` / GGUF ``general.architecture`` values that share the Llama graph.
-LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2"})
+# HF ``model_type`` values that share the Llama graph: the families the runtime runs.
+LLAMA_FAMILY = FAMILIES
+# Phi-3's fused projections: canonical name -> the canonical parts, in row order.
+FUSED = {
+    "attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "ffn_gate_up.weight": ("ffn_gate.weight", "ffn_up.weight"),
+}
 
 _HF_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -46,11 +57,26 @@ _HF_LAYER = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_o.weight",
+    "self_attn.o_proj.bias": "attn_o.bias",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_gate_up.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
+}
+# Gemma2's four norms per layer: its post_attention_layernorm follows the attention
+_HF_SANDWICH = {
+    **_HF_LAYER,
+    "post_attention_layernorm.weight": "attn_post_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "ffn_post_norm.weight",
 }
 _HF_GLOBAL = {
     "model.embed_tokens.weight": "embed.weight",
@@ -65,11 +91,17 @@ _GGUF_LAYER = {
     "attn_q.bias": "attn_q.bias",
     "attn_k.bias": "attn_k.bias",
     "attn_v.bias": "attn_v.bias",
+    "attn_q_norm.weight": "attn_q_norm.weight",
+    "attn_k_norm.weight": "attn_k_norm.weight",
     "attn_output.weight": "attn_o.weight",
+    "attn_output.bias": "attn_o.bias",
     "ffn_norm.weight": "ffn_norm.weight",
     "ffn_gate.weight": "ffn_gate.weight",
     "ffn_up.weight": "ffn_up.weight",
     "ffn_down.weight": "ffn_down.weight",
+    "ffn_gate.bias": "ffn_gate.bias",
+    "ffn_up.bias": "ffn_up.bias",
+    "ffn_down.bias": "ffn_down.bias",
 }
 _GGUF_GLOBAL = {
     "token_embd.weight": "embed.weight",
@@ -91,9 +123,10 @@ def _canonical(
     return name
 
 
-def canonical_from_hf(name: str) -> str:
+def canonical_from_hf(name: str, family: str = "llama") -> str:
     """Canonical name of an HF Llama-family tensor; unknown names come back unchanged."""
-    return _canonical(name, _HF_LAYER_RE, _HF_LAYER, _HF_GLOBAL)
+    layer = _HF_SANDWICH if family == "gemma2" else _HF_LAYER
+    return _canonical(name, _HF_LAYER_RE, layer, _HF_GLOBAL)
 
 
 def canonical_from_gguf(name: str) -> str:
@@ -109,11 +142,15 @@ _LAYER_ORDER = {
             "attn_q",
             "attn_k",
             "attn_v",
+            "attn_q_norm",
+            "attn_k_norm",
             "attn_o",
+            "attn_post_norm",
             "ffn_norm",
             "ffn_gate",
             "ffn_up",
             "ffn_down",
+            "ffn_post_norm",
         ]
     )
 }

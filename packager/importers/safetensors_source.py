@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import ImportModelError
 from .config import llama_config_from_hf
-from .names import LLAMA_FAMILY, canonical_from_hf, canonical_sort_key
+from .names import FUSED, LLAMA_FAMILY, canonical_from_hf, canonical_sort_key
 from .source import SourceModel, SourceTensor, sha256_of_files
 
 __all__ = ["open_hf_dir", "open_safetensors_file"]
@@ -166,10 +167,17 @@ def _build(
     for source_name, file in weight_map.items():
         shard = shards[file]
         shape, dtype = _check_entry(shard, source_name)
-        canonical = canonical_from_hf(source_name) if llama else source_name
+        canonical = canonical_from_hf(source_name, model_type) if llama else source_name
         if canonical == "output.weight" and config.get("tie_word_embeddings"):
             continue  # a tied lm_head duplicates embed.weight
-        tensors.append(SourceTensor(canonical, shape, dtype, partial(shard.load, source_name)))
+        load = partial(shard.load, source_name)
+        if llama and config["family"] in ("gemma", "gemma2") and canonical.endswith("norm.weight"):
+            load = partial(_plus_one, load)  # Gemma's RMSNorm scales by (1 + w)
+        fused = FUSED.get(canonical.split(".", 2)[-1]) if llama else None
+        if fused is not None:  # Phi-3: split into the projections the runtime runs
+            tensors.extend(_split_rows(canonical, shape, dtype, load, fused, config))
+            continue
+        tensors.append(SourceTensor(canonical, shape, dtype, load))
     if llama:
         tensors.sort(key=lambda t: canonical_sort_key(t.name))
     if len({t.name for t in tensors}) != len(tensors):
@@ -194,6 +202,40 @@ def _build(
         source_files=files,
         source_sha256=sha256_of_files(files),
     )
+
+
+def _plus_one(load: Callable[[], np.ndarray]) -> np.ndarray:
+    """``1 + w`` in float32, exactly what Gemma's norm multiplies by, stored as the weight."""
+    return (np.float32(1) + load().astype(np.float32)).astype(np.float32)
+
+
+def _split_rows(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    load: Callable[[], np.ndarray],
+    parts: tuple[str, ...],
+    config: dict[str, Any],
+) -> list[SourceTensor]:
+    """A fused ``[q; k; v]`` or ``[gate; up]`` weight as its row blocks (each loads the
+    whole tensor and keeps its rows: fused tensors are a layer's, not a model's, size)."""
+    prefix = name.rsplit(".", 2)[0] + "."
+    hd = config["head_dim"]
+    if len(parts) == 3:
+        rows = [config["num_attention_heads"] * hd, *[config["num_key_value_heads"] * hd] * 2]
+    else:
+        rows = [config["intermediate_size"]] * 2
+    if len(shape) != 2 or sum(rows) != shape[0]:
+        raise ImportModelError(f"{name} has shape {shape}, rows {rows} expected")
+    out, r0 = [], 0
+    for part, n in zip(parts, rows, strict=True):
+
+        def block(r0: int = r0, n: int = n) -> np.ndarray:
+            return np.ascontiguousarray(load()[r0 : r0 + n])
+
+        out.append(SourceTensor(prefix + part, (n, shape[1]), dtype, block))
+        r0 += n
+    return out
 
 
 def open_hf_dir(directory: str | Path) -> SourceModel:

@@ -72,11 +72,13 @@ def tiny_llama_weights(spec: TinyLlamaSpec) -> dict[str, np.ndarray]:
         weights[p + "self_attn.q_proj.weight"] = mat(q_rows, h)
         weights[p + "self_attn.k_proj.weight"] = mat(kv_rows, h)
         weights[p + "self_attn.v_proj.weight"] = mat(kv_rows, h)
-        if spec.attention_bias:
+        if spec.attention_bias or spec.model_type == "qwen2":  # qwen2 always has them
             weights[p + "self_attn.q_proj.bias"] = mat(q_rows)
             weights[p + "self_attn.k_proj.bias"] = mat(kv_rows)
             weights[p + "self_attn.v_proj.bias"] = mat(kv_rows)
         weights[p + "self_attn.o_proj.weight"] = mat(h, q_rows)
+        if spec.attention_bias and spec.model_type == "llama":  # llama's covers o_proj too
+            weights[p + "self_attn.o_proj.bias"] = mat(h)
         weights[p + "post_attention_layernorm.weight"] = 1 + mat(h)
         weights[p + "mlp.gate_proj.weight"] = mat(f, h)
         weights[p + "mlp.up_proj.weight"] = mat(f, h)
@@ -201,6 +203,7 @@ _GGUF_NAMES = {
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",

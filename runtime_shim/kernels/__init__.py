@@ -24,10 +24,13 @@ Conventions (all arrays C-contiguous unless noted, float32 unless noted):
   same value as ``(q * d) @ dequantize(W).T`` in float32;
 * RoPE is Hugging Face's rotate-half on ``[T, heads, head_dim]`` with ``cos, sin:
   [T, head_dim/2]`` tables;
+* ``gated_activation(gate, up, act)`` is ``act(gate) * up`` for GELU (erf), tanh-GELU
+  and ReLU (SiLU is ``swiglu``); numpy on both backends;
 * the KV cache is :mod:`..kv_cache`'s paged layout; ``attend`` writes the new tokens'
   K/V (quantized on write; :class:`~edgepack.runtime_shim.errors.NumericError` if they
   are not finite) and then attends causally (query at position ``p`` sees cache
-  positions ``<= p``), dequantizing on read.
+  positions ``<= p``, and with a sliding ``window`` only those ``> p - window``: a
+  mask on positions, the cache keeps every token), dequantizing on read.
 
 A decoder layer is one ``decoder_layer(layer, x, ctx) -> LayerResult`` call. The
 sequence is written once in Python (:mod:`.layer`, chaining the ops above) and once in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Fallback"]
+__all__ = ["Fallback", "NativeGap"]
 
 
 class Fallback(str, enum.Enum):
@@ -33,3 +33,19 @@ class Fallback(str, enum.Enum):
 
 
 _CODES = {member: i for i, member in enumerate(Fallback, start=1)}
+
+
+class NativeGap(str, enum.Enum):
+    """Why the native whole-layer call is not taken for a layer: the shared chain
+    (:mod:`.layer`) runs it instead, each op native where the extension has it and numpy
+    where it does not (named here), so nothing runs approximately. Logged once per reason."""
+
+    ACTIVATION = "activation other than SiLU (numpy gated activation)"
+    SLIDING_WINDOW = "sliding-window attention (numpy attention)"
+    QK_NORM = "q/k head RMSNorm (chained native ops)"
+    ATTENTION_SCORES = "attention scale or score soft-capping (numpy attention)"
+    SANDWICH_NORMS = "norms on the attention and FFN outputs (chained native ops)"
+    KV_GROUP = "quantized KV cache of a V group or head_dim native lacks (numpy attention)"
+
+    def __str__(self) -> str:
+        return self.value

@@ -71,6 +71,15 @@ class LayerContext:
     kv: LayerKV
     act_int8: bool  # int8-activation path (else float activations)
     inject_overflow: bool = False
+    activation: str = "silu"  # act of the FFN's act(gate) * up (see config_table.ACTIVATIONS)
+    window: int | None = None  # sliding window: query at p sees keys at p - window < pos <= p
+    attn_scale: float | None = None  # scores scale (None: 1/sqrt(head_dim))
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask
+
+    @property
+    def windowed(self) -> bool:
+        """True when the window hides some key from some query of this call."""
+        return self.window is not None and self.n_ctx > self.window
 
     @property
     def start(self) -> int:
@@ -115,6 +124,8 @@ class Kernels(Protocol):
         self, gate: np.ndarray, up: np.ndarray, group: int
     ) -> QuantizedActivations: ...
 
+    def gated_activation(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray: ...
+
     def rope(
         self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray
     ) -> np.ndarray: ...
@@ -127,6 +138,9 @@ class Kernels(Protocol):
         kv: LayerKV,
         block_table: np.ndarray,
         start: int,
+        window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray: ...
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult: ...

@@ -2,7 +2,9 @@
 
 :class:`CompositeLayer` chains the single ops of a backend into ``decoder_layer``
 (attention: RMSNorm (+ quantize), q/k/v, RoPE, KV write + attend, o + residual; FFN:
-RMSNorm (+ quantize), gate/up, SwiGLU (+ quantize), down + residual), with fused
+RMSNorm (+ quantize), gate/up, ``act(gate) * up`` (+ quantize), down + residual; the
+model's activation is SiLU (SwiGLU), GELU, tanh-GELU or ReLU; qwen3's q/k head norms sit
+before RoPE; a sliding window masks keys older than ``ctx.window``), with fused
 ``rmsnorm_quantize`` / ``swiglu_quantize`` where one activation group serves every
 consumer. The numpy backend runs it as is; the native backend runs it over its own ops
 whenever its whole-layer entry point (the same sequence in C++, native/src/infer/layer.cpp)
@@ -43,6 +45,18 @@ class CompositeLayer:
         k: Any = self
         return k.quantize_activations(k.swiglu(gate, up), group)
 
+    def _gated(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        k: Any = self
+        return k.swiglu(gate, up) if act == "silu" else k.gated_activation(gate, up, act)
+
+    def _gated_quantize(
+        self, gate: np.ndarray, up: np.ndarray, act: str, group: int
+    ) -> QuantizedActivations:
+        k: Any = self
+        if act == "silu":
+            return k.swiglu_quantize(gate, up, group)
+        return k.quantize_activations(k.gated_activation(gate, up, act), group)
+
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
         k: Any = self
         t = x.shape[0]
@@ -68,10 +82,16 @@ class CompositeLayer:
         q = k.matmul(ins[0], lw.q).reshape(t, nh, hd)
         kk = k.matmul(ins[1], lw.k).reshape(t, nkv, hd)
         v = k.matmul(ins[2], lw.v).reshape(t, nkv, hd)
+        if lw.q_norm is not None and lw.k_norm is not None:  # per-head RMSNorm (qwen3)
+            q = k.rmsnorm(q.reshape(t * nh, hd), lw.q_norm, ctx.eps).reshape(t, nh, hd)
+            kk = k.rmsnorm(kk.reshape(t * nkv, hd), lw.k_norm, ctx.eps).reshape(t, nkv, hd)
         q = k.rope(q, ctx.cos, ctx.sin, ctx.positions)
         kk = k.rope(kk, ctx.cos, ctx.sin, ctx.positions)
         try:
-            a = k.attend(q, kk, v, ctx.kv, ctx.block_table, ctx.start)
+            a = k.attend(
+                q, kk, v, ctx.kv, ctx.block_table, ctx.start,
+                window=ctx.window, scale=ctx.attn_scale, softcap=ctx.attn_softcap,
+            )  # fmt: skip
         except NumericError:
             if act:
                 return LayerResult(None, Fallback.NON_FINITE_KV)
@@ -79,7 +99,7 @@ class CompositeLayer:
         a_in = _activations(k, a, (lw.o,), act)
         if a_in is None:
             return LayerResult(None, Fallback.ATTENTION_OUTPUT)
-        x = k.matmul(a_in[0], lw.o, residual=x)
+        x = _project_add(k, a_in[0], lw.o, x, lw.attn_post_norm, ctx.eps)
 
         # FFN: norm (+ quantize), gate/up, SwiGLU (+ quantize), down
         gu = (lw.gate, lw.up)
@@ -96,15 +116,24 @@ class CompositeLayer:
         g = k.matmul(ins[0], lw.gate)
         u = k.matmul(ins[1], lw.up)
         if act and lw.down.is_quantized:
-            s_in: Any = k.swiglu_quantize(g, u, lw.down.act_group)
+            s_in: Any = self._gated_quantize(g, u, ctx.activation, lw.down.act_group)
             if s_in.overflow:
                 return LayerResult(None, Fallback.FFN_HIDDEN)
         else:
-            s_in = k.swiglu(g, u)
-        x = k.matmul(s_in, lw.down, residual=x)
+            s_in = self._gated(g, u, ctx.activation)
+        x = _project_add(k, s_in, lw.down, x, lw.ffn_post_norm, ctx.eps)
         if not np.isfinite(x).all():
             return LayerResult(x, Fallback.NON_FINITE_OUTPUT)
         return LayerResult(x, None)
+
+
+def _project_add(
+    k: Any, a: Any, w: Linear, x: np.ndarray, post_norm: np.ndarray | None, eps: float
+) -> np.ndarray:
+    """``x + a @ w``, the projection RMS-normed first where the model has sandwich norms."""
+    if post_norm is None:
+        return k.matmul(a, w, residual=x)
+    return x + k.rmsnorm(k.matmul(a, w), post_norm, eps)
 
 
 def _activations(

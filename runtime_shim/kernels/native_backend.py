@@ -14,7 +14,7 @@ from edgepack.format import Encoding, codecs
 from ..errors import NumericError
 from ..kv_cache import LayerKV
 from ..weights import LayerWeights, Linear
-from .fallback import Fallback
+from .fallback import Fallback, NativeGap
 from .interface import (
     ACT_SCALE_MAX,
     KERNEL_OPS,
@@ -162,6 +162,9 @@ class NativeKernels(CompositeLayer):
         qa = self._quantized("swiglu_quantize", "swiglu_quant", group, gate, up)
         return super().swiglu_quantize(gate, up, group) if qa is None else qa
 
+    def gated_activation(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        return self.numpy.gated_activation(gate, up, act)  # no native GELU/ReLU kernel yet
+
     def matmul(
         self,
         x: np.ndarray | QuantizedActivations,
@@ -210,8 +213,13 @@ class NativeKernels(CompositeLayer):
         kv: LayerKV,
         block_table: np.ndarray,
         start: int,
+        window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
-        if "attend" in self.native_ops and (kv.mode == "float" or kv.v_group == 32):
+        windowed = window is not None and start + q.shape[0] > window
+        plain = not windowed and scale is None and softcap is None
+        if "attend" in self.native_ops and plain and _native_kv(kv, q.shape[2]):
             t, nh, hd = q.shape
             try:
                 if t == 1:
@@ -227,15 +235,42 @@ class NativeKernels(CompositeLayer):
                 return out.reshape(t, nh * hd)
             except TypeError as exc:
                 self._drop("attend", exc)
-        return self.numpy.attend(q, k, v, kv, block_table, start)
+        return self.numpy.attend(q, k, v, kv, block_table, start, window, scale, softcap)
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
-        """The extension's whole layer when it has one and every weight is bound; else the
-        shared chain (:mod:`.layer`) over this backend's ops."""
+        """The extension's whole layer when it has one, every weight is bound and the layer
+        needs nothing it lacks (:class:`NativeGap`, logged once each); else the shared
+        chain (:mod:`.layer`) over this backend's ops."""
         if not ctx.inject_overflow and self._fused_layer and all(_bound(lin) for lin in lw.linears):
-            out, reason = self.mod.decoder_layer(lw, x, ctx)
-            return LayerResult(out, None if reason is None else Fallback(reason))
+            gap = _native_gap(lw, ctx)
+            if gap is None:
+                out, reason = self.mod.decoder_layer(lw, x, ctx)
+                return LayerResult(out, None if reason is None else Fallback(reason))
+            if gap not in self._warned:
+                self._warned.add(gap)
+                _log.info("native whole layer not used: %s", gap)
         return super().decoder_layer(lw, x, ctx)
+
+
+def _native_kv(kv: LayerKV, head_dim: int) -> bool:
+    """The native attention reads this cache: float, or K int8 / V int4 in groups of 32."""
+    return kv.mode == "float" or (kv.v_group == 32 and head_dim % 32 == 0)
+
+
+def _native_gap(lw: LayerWeights, ctx: LayerContext) -> NativeGap | None:
+    if ctx.activation != "silu":
+        return NativeGap.ACTIVATION
+    if ctx.windowed:
+        return NativeGap.SLIDING_WINDOW
+    if lw.q_norm is not None:
+        return NativeGap.QK_NORM
+    if ctx.attn_scale is not None or ctx.attn_softcap is not None:
+        return NativeGap.ATTENTION_SCORES
+    if lw.attn_post_norm is not None:
+        return NativeGap.SANDWICH_NORMS
+    if not _native_kv(ctx.kv, ctx.head_dim):
+        return NativeGap.KV_GROUP
+    return None
 
 
 def _native_codes(p: Linear) -> tuple[np.ndarray, Encoding]:

@@ -129,6 +129,19 @@ class NumpyKernels(CompositeLayer):
         with np.errstate(over="ignore"):
             return gate / (_F32(1) + np.exp(-gate)) * up
 
+    def gated_activation(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        """``act(gate) * up`` for the non-SiLU activations of ``config_table.ACTIVATIONS``."""
+        if act == "relu":
+            return np.maximum(gate, _F32(0)) * up
+        g = gate.astype(np.float64)
+        if act == "gelu":
+            y = 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
+        elif act == "gelu_tanh":
+            y = 0.5 * g * (1.0 + np.tanh(_SQRT_2_PI * (g + 0.044715 * g * g * g)))
+        else:
+            raise ValueError(f"unknown activation {act!r}")
+        return y.astype(_F32) * up
+
     def rope(
         self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray
     ) -> np.ndarray:
@@ -302,13 +315,17 @@ class NumpyKernels(CompositeLayer):
         kv: LayerKV,
         block_table: np.ndarray,
         start: int,
+        window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
         """Write K/V of positions ``start..start+T-1``, then causal attention over
-        ``0..start+T-1``; ``[T, heads * head_dim]``."""
+        ``0..start+T-1`` (only the last ``window`` positions with a sliding window);
+        ``[T, heads * head_dim]``."""
         t = q.shape[0]
         self.kv_write(kv, k, v, block_table, start)
         positions = np.arange(start, start + t, dtype=np.int64)
-        return self.attention(q, kv, block_table, start + t, positions)
+        return self.attention(q, kv, block_table, start + t, positions, window, scale, softcap)
 
     def kv_write(
         self, kv: LayerKV, k: np.ndarray, v: np.ndarray, block_table: np.ndarray, start: int
@@ -366,6 +383,9 @@ class NumpyKernels(CompositeLayer):
         block_table: np.ndarray,
         n_ctx: int,
         positions: np.ndarray,
+        window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> np.ndarray:
         t, nh, hd = q.shape
         k, v = self.read_kv(kv, block_table, n_ctx)
@@ -373,10 +393,18 @@ class NumpyKernels(CompositeLayer):
         rep = nh // nkv
         qh = q.reshape(t, nkv, rep, hd).transpose(1, 2, 0, 3).reshape(nkv, rep * t, hd)
         scores = np.matmul(qh, k.transpose(1, 2, 0))  # [nkv, rep*t, n]
-        scores *= _F32(1.0 / np.sqrt(hd))
-        if t > 1 or int(positions[-1]) != n_ctx - 1:
+        scores *= _F32(1.0 / np.sqrt(hd) if scale is None else scale)
+        if softcap is not None:  # gemma2: cap * tanh(scores / cap), before the mask
+            scores /= _F32(softcap)
+            np.tanh(scores, out=scores)
+            scores *= _F32(softcap)
+        windowed = window is not None and n_ctx > window
+        if t > 1 or int(positions[-1]) != n_ctx - 1 or windowed:
             pos = np.tile(positions, rep)  # row r*t + i is query i
-            mask = np.arange(n_ctx)[None, :] > pos[:, None]
+            keys = np.arange(n_ctx)[None, :]
+            mask = keys > pos[:, None]
+            if windowed:  # transformers' sliding_window_overlay: key > query - window
+                mask |= keys <= pos[:, None] - window
             scores[:, mask] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
@@ -385,6 +413,20 @@ class NumpyKernels(CompositeLayer):
         return np.ascontiguousarray(
             out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, nh * hd)
         )
+
+
+_SQRT_HALF = float(np.sqrt(0.5))
+_SQRT_2_PI = float(np.sqrt(2.0 / np.pi))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64 (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7: below float32's
+    resolution of GELU's output); numpy has none and scipy is not a runtime dependency."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (-1.453152027 + t * 1.061405429)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + poly)))
+    return np.sign(x) * (1.0 - poly * np.exp(-a * a))
 
 
 def _quantize_k(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:

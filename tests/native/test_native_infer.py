@@ -871,7 +871,9 @@ def py_layer(lw, x, ctx):
     from edgepack.runtime_shim.kernels.layer import CompositeLayer
 
     nk = NativeKernels(k, threads=k.get_threads())
-    ctx = NS(**vars(ctx), inject_overflow=False, start=int(ctx.positions[0]))
+    ctx = NS(**vars(ctx), inject_overflow=False, start=int(ctx.positions[0]), activation="silu",
+             window=None, attn_scale=None, attn_softcap=None)  # fmt: skip
+    lw = NS(**vars(lw), q_norm=None, k_norm=None, attn_post_norm=None, ffn_post_norm=None)
     try:
         return CompositeLayer.decoder_layer(nk, lw, x, ctx)  # not the fused entry point
     finally:

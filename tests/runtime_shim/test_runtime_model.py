@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_fixtures import convert_to, cosine, hf_logits, tiny_model_dir
+from runtime_fixtures import convert_to, cosine, hf_logits, repack, tiny_model_dir
 
 import edgepack.runtime_shim as rt
 from edgepack.format import (
@@ -68,9 +68,11 @@ def test_rope_scaling_is_applied(root: Path) -> None:
 
 
 def test_unsupported_rope_type_is_refused_at_open(root: Path) -> None:
-    src = tiny_model_dir(root, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    pkg = convert_to(root, src, "f32")
-    with pytest.raises(IncompatiblePackageError, match="yarn"):
+    """Refused at convert (tests/runtime_shim/test_runtime_configs.py), and at open when
+    an older packager wrote it anyway."""
+    plain = convert_to(root, tiny_model_dir(root), "f32")
+    pkg = repack(plain, root / "lr.epk", rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(IncompatiblePackageError, match="longrope"):
         rt.open(pkg)
 
 

@@ -20,7 +20,9 @@ import edgepack.runtime_shim as rt
 from edgepack.runtime_shim import instrument
 
 PACKAGER = Path(__file__).resolve().parents[2] / "packager"
-PUBLIC_SUBMODULES = {"edgepack.runtime_shim.instrument"}
+# instrument: the packager's seam; config_table: the one table of config keys, which the
+# packager applies at convert/build and the runtime at open
+PUBLIC_SUBMODULES = {"edgepack.runtime_shim.instrument", "edgepack.runtime_shim.config_table"}
 
 
 def _runtime_imports(root: Path) -> list[tuple[str, int, str, str | None]]:
