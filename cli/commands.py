@@ -18,6 +18,7 @@ from .options import (
     release_options,
     require_signature_option,
     sign_key_option,
+    signature_summary,
     threshold_option,
     trusted_key_option,
     unchecked_warning,
@@ -158,12 +159,7 @@ def verify(
         verdict = pkg.check_compatibility(runtime_capabilities())
         if not verdict:
             raise IncompatiblePackageError(verdict.summary(), verdict)
-    if report.trusted_signers:
-        sig = "signed by trusted key(s) " + ", ".join(s[:16] for s in report.trusted_signers)
-    elif report.signed:
-        sig = "signed, signature not checked (no --trusted-key given)"
-    else:
-        sig = "unsigned"
+    sig = signature_summary(report)
     click.echo(
         f"OK {package}: {report.tensors_checked} tensors, {report.sections_checked} "
         f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "

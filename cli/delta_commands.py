@@ -17,6 +17,7 @@ from .options import (
     output_option,
     require_signature_option,
     sign_key_option,
+    signature_summary,
     threshold_option,
     trusted_key_option,
     unchecked_warning,
@@ -82,12 +83,7 @@ def patch(
     start = time.perf_counter()
     report = apply_delta(old, delta, out, trusted_keys=keys, threshold=threshold)
     seconds = time.perf_counter() - start
-    if report.trusted_signers:
-        sig = "signed by trusted key(s) " + ", ".join(s[:16] for s in report.trusted_signers)
-    elif report.signed:
-        sig = "signed, signature not checked (no --trusted-key given)"
-    else:
-        sig = "unsigned"
+    sig = signature_summary(report)
     click.echo(
         f"wrote {out}: {report.target_size:,} bytes, verified (SHA-256) in {seconds:.1f} s; {sig}"
     )

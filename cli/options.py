@@ -31,6 +31,7 @@ __all__ = [
     "require_signature_option",
     "semver_value",
     "sign_key_option",
+    "signature_summary",
     "store_option",
     "threads_option",
     "threshold_option",
@@ -238,6 +239,17 @@ def unchecked_warning(what: str, keys: object, require_signature: bool) -> str |
     from edgepack.format.signing import unchecked_signature_warning
 
     return unchecked_signature_warning(what, require_signature=require_signature)
+
+
+def signature_summary(report: object) -> str:
+    """How a verified file was signed, in the words `verify` and `patch` both print
+    (``report`` is a VerifyReport or a patch report: ``trusted_signers``, ``signed``)."""
+    signers = getattr(report, "trusted_signers", ())
+    if signers:
+        return "signed by trusted key(s) " + ", ".join(s[:16] for s in signers)
+    if getattr(report, "signed", False):
+        return "signed, signature not checked (no --trusted-key given)"
+    return "unsigned"
 
 
 def kernels_or_none(kernels: str) -> str | None:
