@@ -412,7 +412,7 @@ class Updater:
         with open_model(
             path, self.package_keys, threads=self.config.health_threads, verify="full"
         ) as model:
-            vocab = model.cfg.vocab_size
+            vocab = model.config.vocab_size
             ids = [i % vocab for i in self.config.health_prompt_ids]
             logits = model.logits(ids)
             if not np.isfinite(logits).all():
