@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "delta_commands",
     "release_commands",
     "serve_commands",
+    "update_commands",
 )
 
 

@@ -107,3 +107,18 @@ def test_v1_installs_then_v2_arrives_as_a_delta(world: dict[str, Any], tmp_path:
     assert active.read_bytes() == world["v2"].read_bytes()
     with open_slot(slots, threads=1) as m:
         assert m.logits([1, 2, 3]).shape[-1] > 0
+
+
+def test_cli_update_prints_the_json_result(world: dict[str, Any], tmp_path: Path) -> None:
+    root = tmp_path / "root.json"
+    root.write_bytes(world["root"])
+    cmd = [sys.executable, "-m", "edgepack.cli", "update", "--server", world["url"],
+           "--slot-dir", str(tmp_path / "slots"), "--device-id", "device-9", "--channel", "beta",
+           "--trusted-root", str(root), "--model", "tiny", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["result"] == "updated" and result["plan"] == "full"
+    assert result["bytes_downloaded"] == result["full_bytes"] > 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert json.loads(again.stdout)["result"] == "up_to_date"
