@@ -7,19 +7,18 @@ bytes (the same in every version), so a delta is tiny and the full package is no
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
-import os
-import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import numpy as np
+import pytest
 from pkgfactory import make_key
 from runtime_fixtures import tiny_spec
 from serveproc import ServeProcess
@@ -27,20 +26,22 @@ from serveproc import ServeProcess
 pytest.importorskip("tuf")
 pytest.importorskip("fastapi")
 
-from edgepack.runtime_shim.update import (  # noqa: E402
+from edgepack.packager.convert import convert
+from edgepack.packager.importers.synthetic import write_hf_llama
+from edgepack.runtime_shim.update import (
+    ExpiredMetadataError,
     MetadataSignatureError,
     RollbackError,
-    TargetVerificationError,
+    UnsafeTargetError,
     UpdateConfig,
     Updater,
     open_slot,
 )
-from edgepack.packager.convert import convert  # noqa: E402
-from edgepack.packager.importers.synthetic import write_hf_llama  # noqa: E402
-from edgepack.server.releases import deltas as deltas_mod  # noqa: E402
-from edgepack.server.releases.keys import KeyRing  # noqa: E402
-from edgepack.server.releases.repository import ReleaseRepository  # noqa: E402
-from edgepack.server.store import open_store  # noqa: E402
+from edgepack.runtime_shim.update.plan import verify_plan
+from edgepack.server.releases import deltas as deltas_mod
+from edgepack.server.releases.keys import KeyRing
+from edgepack.server.releases.repository import ReleaseRepository
+from edgepack.server.store import open_store
 
 pytestmark = pytest.mark.skipif(
     not deltas_mod.delta_codec_available(), reason="needs the delta codec"
@@ -96,8 +97,6 @@ def test_v1_installs_then_v2_arrives_as_a_delta(world: dict[str, Any], tmp_path:
     assert updater(world, slots).check_and_apply().result == "up_to_date"
 
     world["repo"].publish(world["v2"], "beta", model="tiny")
-    import time
-
     time.sleep(0.5)  # the server's view refreshes every 0.2 s
     r2 = updater(world, slots).check_and_apply()
     assert r2.result == "updated", r2
@@ -122,3 +121,111 @@ def test_cli_update_prints_the_json_result(world: dict[str, Any], tmp_path: Path
     assert result["bytes_downloaded"] == result["full_bytes"] > 0
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert json.loads(again.stdout)["result"] == "up_to_date"
+
+
+@pytest.fixture()
+def fresh(world: dict[str, Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A store of its own with tiny 1.0.0, a server on it and a device with v1 installed."""
+    store = tmp_path / "store"
+    repo = ReleaseRepository(open_store(store), KeyRing(tmp_path / "keys"))
+    repo.init()
+    repo.publish(world["v1"], "beta", model="tiny")
+    server = ServeProcess(store, tmp_path / "server.log", "--refresh-seconds", "0.2")
+    w = {**world, "store": store, "repo": repo, "server": server,
+         "url": f"http://127.0.0.1:{server.port}",
+         "root": (store / "metadata" / "1.root.json").read_bytes(), "slots": tmp_path / "slots"}
+    try:
+        assert updater(w, w["slots"]).check_and_apply().result == "updated"
+        yield w
+    finally:
+        server.stop()
+
+
+def active_bytes(slots: Path) -> bytes:
+    journal = json.loads((slots / "journal.json").read_text())
+    return (slots / journal["active"] / "model.epk").read_bytes()
+
+
+def publish_and_wait(w: dict[str, Any], pkg: Path) -> None:
+    w["repo"].publish(pkg, "beta", model="tiny")
+    time.sleep(0.6)  # the server's view refreshes every 0.2 s
+
+
+def refused(w: dict[str, Any], error: type) -> None:
+    before = active_bytes(w["slots"])
+    u = updater(w, w["slots"])
+    with pytest.raises(error):
+        u.check()
+    assert active_bytes(w["slots"]) == before
+    with open_slot(w["slots"], threads=1, verify="full") as m:
+        assert np.isfinite(m.logits([1, 2])).all()
+
+
+def test_tampered_payload_is_refused_and_v1_keeps_serving(fresh: dict[str, Any]) -> None:
+    publish_and_wait(fresh, fresh["v2"])
+    for obj in (fresh["store"] / "objects" / "sha256").rglob("*"):
+        if obj.is_file() and obj.read_bytes() != fresh["v1"].read_bytes():
+            data = bytearray(obj.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            obj.write_bytes(bytes(data))
+    result = updater(fresh, fresh["slots"]).check_and_apply()
+    assert result.result == "failed" and result.error == "TargetVerificationError", result
+    assert active_bytes(fresh["slots"]) == fresh["v1"].read_bytes()
+
+
+def test_metadata_signed_by_an_unknown_key_is_refused(fresh: dict[str, Any]) -> None:
+    from securesystemslib.signer import CryptoSigner
+    from tuf.api.metadata import Metadata
+
+    path = fresh["store"] / "metadata" / "timestamp.json"
+    md = Metadata.from_bytes(path.read_bytes())
+    md.signed.version += 1
+    md.signatures.clear()
+    md.sign(CryptoSigner.generate_ed25519())
+    path.write_bytes(md.to_bytes())
+    refused(fresh, MetadataSignatureError)
+
+
+def test_rolled_back_timestamp_is_refused(fresh: dict[str, Any]) -> None:
+    path = fresh["store"] / "metadata" / "timestamp.json"
+    old = path.read_bytes()
+    publish_and_wait(fresh, fresh["v2"])
+    assert updater(fresh, fresh["slots"]).check_and_apply().result == "updated"
+    path.write_bytes(old)
+    refused(fresh, RollbackError)
+
+
+def test_expired_timestamp_is_refused(fresh: dict[str, Any]) -> None:
+    from tuf.api.metadata import Metadata
+
+    path = fresh["store"] / "metadata" / "timestamp.json"
+    md = Metadata.from_bytes(path.read_bytes())
+    md.signed.version += 1
+    md.signed.expires = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    root = Metadata.from_bytes((path.parent / "root.json").read_bytes()).signed
+    signer = KeyRing(fresh["store"].parent / "keys").signers_for(root, "timestamp")[0]
+    md.signatures.clear()
+    md.sign(signer)
+    path.write_bytes(md.to_bytes())
+    refused(fresh, ExpiredMetadataError)
+
+
+def test_nan_producing_update_rolls_back_by_itself(fresh: dict[str, Any]) -> None:
+    bad = make_pkg(fresh["slots"].parent, "1.2.0", **{
+        "model.norm.weight": np.full(tiny_spec().hidden_size, 3e38, np.float32)
+    })
+    publish_and_wait(fresh, bad)
+    result = updater(fresh, fresh["slots"]).check_and_apply()
+    assert result.result == "rolled_back" and "health check" in result.reason, result
+    assert active_bytes(fresh["slots"]) == fresh["v1"].read_bytes()
+    journal = json.loads((fresh["slots"] / "journal.json").read_text())
+    assert journal["state"] == "rolled_back" and sha256(bad) in journal["bad_sha256"]
+    assert updater(fresh, fresh["slots"]).check_and_apply().result == "up_to_date"
+
+
+@pytest.mark.parametrize("path", ["../x.epk", "/etc/passwd", "a/../../b", "a\\b", "a//b"])
+def test_target_paths_that_leave_the_tree_are_refused(path: str) -> None:
+    answer = {"plan": "full", "release": "9.0.0", "reason": "", "targets": [
+        {"path": path, "length": 1, "sha256": "0" * 64, "kind": "package", "signed": True}]}
+    with pytest.raises(UnsafeTargetError):
+        verify_plan(answer, lambda p: pytest.fail("looked up"), UpdateConfig(), None, None)
