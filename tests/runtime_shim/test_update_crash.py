@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("tuf")
 pytest.importorskip("fastapi")
 
-from crashtrial import CrashWorld  # noqa: E402
+from crashtrial import CrashWorld
 
-from edgepack.server.releases import deltas as deltas_mod  # noqa: E402
+from edgepack.server.releases import deltas as deltas_mod
 
 
 @pytest.mark.slow
