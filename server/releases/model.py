@@ -49,6 +49,7 @@ __all__ = [
     "ReleaseInfo",
     "Requirements",
     "check_name",
+    "chunk_hashes",
     "delta_target_path",
     "in_rollout",
     "percent_to_bp",
@@ -58,7 +59,19 @@ __all__ = [
 
 CUSTOM_KEY = "edgepack"
 SCHEMA = 1
+# a release's bytes are also hashed in chunks of this size, signed with its target, so
+# a device verifies a download as it arrives (and refetches one bad chunk, not the file)
+CHUNK_BYTES = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def chunk_hashes(path: Any, size: int = CHUNK_BYTES) -> tuple[str, ...]:
+    """SHA-256 of each ``size``-byte chunk of the file at ``path`` (the last one shorter)."""
+    out = []
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            out.append(hashlib.sha256(chunk).hexdigest())
+    return tuple(out)
 
 
 def check_name(kind: str, name: str) -> str:
@@ -240,6 +253,8 @@ class ReleaseInfo:
     published: str = ""
     signers: tuple[str, ...] = ()
     deltas: tuple[DeltaInfo, ...] = field(default=())
+    chunks: tuple[str, ...] = ()  # chunk_hashes() of the package, chunk_bytes each
+    chunk_bytes: int = CHUNK_BYTES
 
     @property
     def rollout_percent(self) -> float:
@@ -268,6 +283,8 @@ class ReleaseInfo:
                 "signers": list(self.signers),
                 "requirements": self.requirements.to_dict(),
                 "deltas": [d.to_dict() for d in self.deltas],
+                **({"chunks": {"size": self.chunk_bytes, "sha256": list(self.chunks)}}
+                   if self.chunks else {}),
             }
         }
 
@@ -289,6 +306,8 @@ class ReleaseInfo:
             published=str(info.get("published", "")),
             signers=tuple(str(s) for s in info.get("signers", ())),
             deltas=tuple(DeltaInfo.from_dict(d) for d in info.get("deltas", ())),
+            chunks=tuple(str(h) for h in (info.get("chunks") or {}).get("sha256", ())),
+            chunk_bytes=int((info.get("chunks") or {}).get("size", CHUNK_BYTES)),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -229,3 +229,30 @@ def test_target_paths_that_leave_the_tree_are_refused(path: str) -> None:
         {"path": path, "length": 1, "sha256": "0" * 64, "kind": "package", "signed": True}]}
     with pytest.raises(UnsafeTargetError):
         verify_plan(answer, lambda p: pytest.fail("looked up"), UpdateConfig(), None, None)
+
+
+def test_signed_chunk_hashes_refetch_only_a_bad_chunk(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """A resumed partial with one corrupt chunk: only that chunk (and the rest) is fetched."""
+    from edgepack.runtime_shim.update.download import DownloadTarget, download_target
+    from edgepack.runtime_shim.update.fetcher import RangeFetcher
+    from edgepack.runtime_shim.update.plan import PlannedTarget
+
+    slots = tmp_path / "slots"
+    u = updater(world, slots)
+    check = u.check()
+    package: PlannedTarget = check.package
+    assert package.chunks is not None and len(package.chunks.sha256) > 1
+    size = package.chunks.size
+    dest = tmp_path / "pkg.epk"
+    part = tmp_path / "pkg.epk.part"
+    good = world["v2"].read_bytes()
+    corrupt = bytearray(good[: 3 * size // 2 + 10])  # chunk 0, chunk 1 (bad), part of 2
+    corrupt[size + 5] ^= 0xFF
+    part.write_bytes(bytes(corrupt))
+    target = DownloadTarget(f"{world['url']}/targets/{package.path}", package.length,
+                            package.sha256, package.chunks)
+    fetched = download_target(RangeFetcher(UpdateConfig()), target, dest, UpdateConfig())
+    assert dest.read_bytes() == good
+    assert fetched == len(good) - size  # chunk 0 kept, everything after refetched
