@@ -256,3 +256,90 @@ def test_signed_chunk_hashes_refetch_only_a_bad_chunk(
     fetched = download_target(RangeFetcher(UpdateConfig()), target, dest, UpdateConfig())
     assert dest.read_bytes() == good
     assert fetched == len(good) - size  # chunk 0 kept, everything after refetched
+
+
+class HostileFront:
+    """A front for the real server that relays metadata and update checks but serves
+    every target as ``mode``: ``endless`` bytes or a ``slow`` drip."""
+
+    def __init__(self, upstream_port: int, mode: str) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _relay(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0) or 0))
+                c = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                c.request(method, self.path, body=body or None, headers=dict(self.headers))
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                self._relay("POST")
+
+            def do_GET(self) -> None:
+                if not self.path.startswith("/targets/"):
+                    return self._relay("GET")
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    while True:
+                        if mode == "endless":
+                            self.wfile.write(b"\0" * 65536)
+                        else:
+                            self.wfile.write(b"\0")
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                except OSError:
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("mode", "error"), [("endless", "DownloadLengthError"),
+                                             ("slow", "SlowRetrievalError")])
+def test_endless_or_slow_payloads_are_cut_off(fresh: dict[str, Any], mode: str, error: str) -> None:
+    publish_and_wait(fresh, fresh["v2"])
+    front = HostileFront(fresh["server"].port, mode)
+    cfg = UpdateConfig(read_timeout=2, slow_grace=1, min_bytes_per_second=4096, max_attempts=1)
+    try:
+        result = updater({**fresh, "url": front.url}, fresh["slots"], config=cfg).check_and_apply()
+    finally:
+        front.close()
+    assert result.result == "failed" and result.error == error, result
+    assert active_bytes(fresh["slots"]) == fresh["v1"].read_bytes()
+
+
+def test_a_delta_that_fails_falls_back_to_the_full_package_once(fresh: dict[str, Any]) -> None:
+    publish_and_wait(fresh, fresh["v2"])
+    # the installed file no longer matches the delta's base: the delta cannot apply
+    journal = json.loads((fresh["slots"] / "journal.json").read_text())
+    u = updater(fresh, fresh["slots"])
+    check = u.check()
+    assert check.plan == "delta"
+    active = fresh["slots"] / journal["active"] / "model.epk"
+    broken = fresh["slots"] / "downloads" / f"{check.delta.sha256}.delta"
+    broken.write_bytes(b"not a delta")  # what a corrupt cached delta looks like
+    u._downloaded = broken
+    result = u.apply()
+    assert result.result == "updated" and result.fell_back_to_full, result
+    assert active_bytes(fresh["slots"]) == fresh["v2"].read_bytes()
+    assert active.read_bytes() == fresh["v1"].read_bytes()  # the old slot kept
