@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "release_commands",
     "serve_commands",
     "update_commands",
+    "tuf_client_commands",
 )
 
 

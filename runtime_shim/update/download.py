@@ -43,7 +43,7 @@ class Chunks:
 class DownloadTarget:
     url: str
     length: int
-    sha256: str
+    sha256: str | None  # None: the caller verifies the file (other TUF hash algorithms)
     chunks: Chunks | None = None
 
 
@@ -63,7 +63,7 @@ def download_target(
     progress: Progress | None = None,
 ) -> int:
     """Make ``dest`` hold the target's verified bytes; returns the bytes fetched."""
-    if dest.exists() and dest.stat().st_size == target.length:
+    if target.sha256 and dest.exists() and dest.stat().st_size == target.length:
         if file_sha256(dest) == target.sha256:
             return 0
     part = dest.with_name(dest.name + ".part")
@@ -82,7 +82,9 @@ def download_target(
                 raise
             time.sleep(config.retry_backoff * attempts)
             continue
-        if part.stat().st_size == target.length and file_sha256(part) == target.sha256:
+        if part.stat().st_size == target.length and (
+            target.sha256 is None or file_sha256(part) == target.sha256
+        ):
             break
         # the prefix kept without chunk hashes was wrong: start over, once
         _truncate(part, 0)

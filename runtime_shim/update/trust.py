@@ -19,7 +19,7 @@ from .errors import SlotError
 from .fetcher import RangeFetcher
 from .tuf_errors import map_tuf_error
 
-__all__ = ["refresh", "targetinfo"]
+__all__ = ["refresh", "target_url", "targetinfo"]
 
 
 def refresh(
@@ -61,3 +61,13 @@ def targetinfo(tuf: TufUpdater, path: str):  # -> tuf TargetFile | None
         return tuf.get_targetinfo(path)
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as e:
         raise map_tuf_error(e) from e
+
+
+def target_url(tuf: TufUpdater, info, base_url: str) -> str:
+    """Where ngclient would fetch ``info`` from: hash-prefixed under consistent snapshots
+    (what a CDN can serve without the metadata)."""
+    path = info.path
+    if tuf._trusted_set.root.consistent_snapshot:
+        dirname, sep, basename = path.rpartition("/")
+        path = f"{dirname}{sep}{next(iter(info.hashes.values()))}.{basename}"
+    return base_url.rstrip("/") + "/" + path
