@@ -86,8 +86,9 @@ def main() -> None:
     store, keys, slots = work / "store", work / "repo-keys", work / "device"
     pub = args.key.with_suffix(".pub")
     v1 = args.package
+    model = "smollm2"  # the name devices ask for (the package's own has spaces)
     with Package.open(v1) as pkg:
-        model, version = pkg.header.identity.name, pkg.header.identity.version
+        version = pkg.header.identity.version
     major, minor, _ = (int(x) for x in version.split("-")[0].split(".")[:3])
     v2 = work / "smollm2-finetune.epk"
     v2_version = f"{major}.{minor + 1}.0"
@@ -98,7 +99,7 @@ def main() -> None:
     edgepack("repo", "init", "--store", str(store), "--keys-dir", str(keys),
              "--package-key", str(pub))
     edgepack("publish", str(v1), "--store", str(store), "--keys-dir", str(keys),
-             "--channel", "stable")
+             "--channel", "stable", "--model", model)
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen(
         [*EDGEPACK, "serve", "--store", str(store), "--port", str(args.port),
@@ -113,7 +114,7 @@ def main() -> None:
         for step in ("install", "update"):
             if step == "update":
                 edgepack("publish", str(v2), "--store", str(store), "--keys-dir", str(keys),
-                         "--channel", "stable")
+                         "--channel", "stable", "--model", model)
                 time.sleep(1.5)  # the server re-reads the metadata every 0.5 s
             print(f"== device: {step}", flush=True)
             result = json.loads(edgepack(*update, *(trusted_root if step == "install" else [])))

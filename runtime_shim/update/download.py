@@ -47,6 +47,10 @@ class DownloadTarget:
     chunks: Chunks | None = None
 
 
+class _BadChunk(DownloadError):
+    """A chunk arrived wrong: fetched again (it may be the network), then refused."""
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -78,6 +82,8 @@ def download_target(
         try:
             fetched += _fetch_into(fetcher, target, part, etag_file, kept, etag, progress)
         except DownloadError as e:
+            if isinstance(e, _BadChunk) and attempts >= config.max_attempts:
+                raise TargetVerificationError(f"{e} ({attempts} times)") from None
             if not e.retriable or attempts >= config.max_attempts:
                 raise
             time.sleep(config.retry_backoff * attempts)
@@ -173,7 +179,7 @@ def _fetch_into(
                     index = chunk_start // chunks.size
                     if index >= len(chunks.sha256) or hasher.hexdigest() != chunks.sha256[index]:
                         f.truncate(chunk_start)
-                        raise DownloadError(f"{target.url}: chunk {index} does not match")
+                        raise _BadChunk(f"{target.url}: chunk {index} does not match its hash")
                     chunk_start = pos
                     hasher = hashlib.sha256()
             if progress is not None:

@@ -140,13 +140,12 @@ class Updater:
     def apply(self) -> UpdateResult:
         """Stage, verify, switch and health-check; switch back if unhealthy."""
         check = self._need_check()
-        downloaded = self._downloaded or self.download(self.on_progress)
-        journal = self.slots.load()
-        new = self.slots.other(journal.active)
+        new = self.slots.other(self.slots.load().active)
         fell_back = False
-        self.slots.save(journal.evolve(state="staging"))
-        crash_point("staging")
         try:
+            downloaded = self._downloaded or self.download(self.on_progress)
+            self.slots.save(self.slots.load().evolve(state="staging"))
+            crash_point("staging")
             self._stage(check, downloaded, new, delta=check.plan == "delta")
         except (EdgepackError, OSError) as e:
             if check.plan != "delta" or isinstance(e, InsufficientStorageError):
@@ -379,8 +378,14 @@ class Updater:
         except Exception as e:
             reason = f"health check failed: {type(e).__name__}: {str(e)[:300]}"
             if j.previous is None:
-                # nothing to go back to: keep the (verified) model, record why
-                self.slots.save(j.evolve(state="rolled_back", reason=reason))
+                # nothing to go back to: serve nothing rather than a broken model
+                self.slots.save(
+                    j.evolve(
+                        state="rolled_back", active=None, active_sha256=None,
+                        active_version=None, bad_sha256=(*j.bad_sha256, j.active_sha256),
+                        reason=reason,
+                    )
+                )
                 return reason
             self.slots.save(
                 j.evolve(

@@ -88,8 +88,11 @@ def updater(world: dict[str, Any], slot_dir: Path, **kw: Any) -> Updater:
 
 def test_v1_installs_then_v2_arrives_as_a_delta(world: dict[str, Any], tmp_path: Path) -> None:
     slots = tmp_path / "slots"
-    r1 = updater(world, slots).check_and_apply()
+    seen: list[tuple[int, int]] = []
+    r1 = updater(world, slots, on_progress=lambda done, total: seen.append((done, total)))
+    r1 = r1.check_and_apply()
     assert r1.result == "updated", r1
+    assert seen[-1] == (r1.full_bytes, r1.full_bytes) and len(seen) > 1
     assert r1.plan == "full" and r1.version == "1.0.0"
     assert r1.bytes_downloaded == r1.full_bytes == world["v1"].stat().st_size
     with open_slot(slots, threads=1) as m:
@@ -260,7 +263,8 @@ def test_signed_chunk_hashes_refetch_only_a_bad_chunk(
 
 class HostileFront:
     """A front for the real server that relays metadata and update checks but serves
-    every target as ``mode``: ``endless`` bytes or a ``slow`` drip."""
+    every target as ``mode``: ``endless`` (the real bytes, then zeros without end) or a
+    ``slow`` drip."""
 
     def __init__(self, upstream_port: int, mode: str) -> None:
         import http.client
@@ -291,9 +295,14 @@ class HostileFront:
             def do_GET(self) -> None:
                 if not self.path.startswith("/targets/"):
                     return self._relay("GET")
+                c = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                c.request("GET", self.path)
+                real = c.getresponse().read()
                 self.send_response(200)
                 self.end_headers()
                 try:
+                    if mode == "endless":  # the right bytes, then more forever
+                        self.wfile.write(real)
                     while True:
                         if mode == "endless":
                             self.wfile.write(b"\0" * 65536)
