@@ -90,7 +90,7 @@ class Updater:
         self.device_id = device_id
         self.channel = channel
         self.model = model
-        self.package_keys = list(package_keys) if package_keys is not None else None
+        self.package_keys = _public_keys(package_keys)
         self.health_hook = health_hook
         self.download_allowed = download_allowed
         self.on_progress = on_progress
@@ -436,3 +436,12 @@ class Updater:
             return self.slots.load().active_version
         except EdgepackError:
             return None
+
+
+def _public_keys(keys: Sequence[Any] | None) -> list[Any] | None:
+    """Ed25519 public keys, given as objects or ``.pub`` paths."""
+    if keys is None:
+        return None
+    from edgepack.format.signing import load_public_key
+
+    return [load_public_key(k) if isinstance(k, (str, os.PathLike)) else k for k in keys]

@@ -352,3 +352,15 @@ def test_a_delta_that_fails_falls_back_to_the_full_package_once(fresh: dict[str,
     assert result.result == "updated" and result.fell_back_to_full, result
     assert active_bytes(fresh["slots"]) == fresh["v2"].read_bytes()
     assert active.read_bytes() == fresh["v1"].read_bytes()  # the old slot kept
+
+
+def test_package_signed_by_an_unknown_key_is_not_switched_to(
+    fresh: dict[str, Any], tmp_path: Path
+) -> None:
+    publish_and_wait(fresh, fresh["v2"])
+    stranger = make_key(5).public_key()
+    result = updater(fresh, fresh["slots"], package_keys=[stranger]).check_and_apply()
+    assert result.result == "failed" and "Signature" in (result.error or ""), result
+    assert active_bytes(fresh["slots"]) == fresh["v1"].read_bytes()
+    trusted = updater(fresh, fresh["slots"], package_keys=[make_key(0).public_key()])
+    assert trusted.check_and_apply().result == "updated"
