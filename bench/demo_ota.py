@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ PROMPT = "The capital of France is"
 
 
 def edgepack(*args: str) -> str:
-    print("$ edgepack " + " ".join(args), flush=True)
+    print("$ edgepack " + shlex.join(args), flush=True)
     out = subprocess.run([*EDGEPACK, *args], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"edgepack {args[0]} failed ({out.returncode}): {out.stderr.strip()}")
