@@ -80,7 +80,9 @@ def download_target(
         kept = _verified_prefix(part, target)
         etag = etag_file.read_text().strip() if etag_file.exists() and kept else None
         try:
-            fetched += _fetch_into(fetcher, target, part, etag_file, kept, etag, progress)
+            fetched += _fetch_into(
+                fetcher, target, part, etag_file, kept, etag, progress, config.read_bytes
+            )
         except DownloadError as e:
             if isinstance(e, _BadChunk) and attempts >= config.max_attempts:
                 raise TargetVerificationError(f"{e} ({attempts} times)") from None
@@ -140,6 +142,7 @@ def _fetch_into(
     start: int,
     etag: str | None,
     progress: Progress | None,
+    grain: int,
 ) -> int:
     if start >= target.length:
         return 0
@@ -153,6 +156,7 @@ def _fetch_into(
     chunks = target.chunks
     fetched = 0
     pos = start
+    marks = start // grain
     chunk_start = start
     hasher = hashlib.sha256()
     with open(part, "r+b" if part.exists() else "wb") as f:
@@ -184,7 +188,9 @@ def _fetch_into(
                     hasher = hashlib.sha256()
             if progress is not None:
                 progress(pos, target.length)
-            crash_point("download")
+            while pos // grain > marks:  # one point per grain: as many whatever the reads
+                marks += 1
+                crash_point("download")
         f.flush()
         os.fsync(f.fileno())
     if pos < target.length:
