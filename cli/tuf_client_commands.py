@@ -14,7 +14,9 @@ import click
 
 
 @click.group("tuf-client")
-@click.option("--metadata-dir", required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--metadata-dir", type=click.Path(file_okay=False), help="Trusted metadata (required)."
+)
 @click.option("--metadata-url", default=None, help="Base URL of the TUF metadata.")
 @click.option("--target-name", "target_names", multiple=True, help="Target path; repeatable.")
 @click.option("--target-base-url", default=None, help="Base URL of the targets.")
@@ -25,12 +27,18 @@ def tuf_client(ctx: click.Context, **options: object) -> None:
     ctx.obj = options
 
 
+def _metadata_dir(obj: dict) -> Path:
+    if not obj["metadata_dir"]:
+        raise click.UsageError("--metadata-dir is required")
+    return Path(obj["metadata_dir"])
+
+
 @tuf_client.command()
 @click.argument("trusted_root", type=click.Path(exists=True, dir_okay=False))
 @click.pass_obj
 def init(obj: dict, trusted_root: str) -> int:
     """Trust TRUSTED_ROOT (copied as root.json; no request is made)."""
-    meta = Path(obj["metadata_dir"])
+    meta = _metadata_dir(obj)
     meta.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(trusted_root, meta / "root.json")
     return 0
@@ -60,7 +68,7 @@ def _refresh(obj: dict):
         raise click.UsageError("--metadata-url is required")
     config = UpdateConfig()
     fetcher = RangeFetcher(config)
-    tuf = tuf_refresh(Path(obj["metadata_dir"]), obj["metadata_url"].rstrip("/") + "/",
+    tuf = tuf_refresh(_metadata_dir(obj), obj["metadata_url"].rstrip("/") + "/",
                       obj["target_base_url"], fetcher, config, None)
     return tuf, fetcher, config
 
