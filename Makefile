@@ -46,9 +46,10 @@ demo: install
 	@MODEL=$$($(BIN)/edgepack fetch-sample smollm2) && \
 	  ( test -f $(OUT)/release.key || $(BIN)/edgepack keygen $(OUT)/release ) && \
 	  $(BIN)/edgepack convert "$$MODEL" -o $(OUT)/smollm2-int4.epk --encoding int4-g32 \
-	      --sign-key $(OUT)/release.key && \
+	      --model-version 1.0.0 --sign-key $(OUT)/release.key && \
 	  $(BIN)/edgepack inspect $(OUT)/smollm2-int4.epk && \
-	  $(BIN)/edgepack verify $(OUT)/smollm2-int4.epk --trusted-key $(OUT)/release.pub
+	  $(BIN)/edgepack verify $(OUT)/smollm2-int4.epk --trusted-key $(OUT)/release.pub && \
+	  $(BIN)/python bench/demo_ota.py --package $(OUT)/smollm2-int4.epk --key $(OUT)/release.key
 
 bench: install
 	$(BIN)/python bench/quant.py

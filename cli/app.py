@@ -21,6 +21,8 @@ COMMAND_MODULES = (
     "release_commands",
     "serve_commands",
     "resign_commands",
+    "update_commands",
+    "tuf_client_commands",
 )
 
 

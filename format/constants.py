@@ -92,3 +92,8 @@ class HashAlgorithm(enum.IntEnum):
 
 class SignatureAlgorithm(enum.IntEnum):
     ED25519 = 0
+
+
+# The custom field of a release's TUF target info: the publisher (server) writes it, the
+# device's update client reads it; both ask here.
+TUF_CUSTOM_KEY = "edgepack"

@@ -9,6 +9,9 @@ or a chat template rendered.
     for piece in model.session().generate("The capital of France is", max_tokens=16):
         print(piece, end="")
 
+``open_slot(DIR)`` opens the model active in an update slot directory
+(:mod:`edgepack.runtime_shim.update` keeps it current).
+
 The packager's measurements (calibration, sensitivity, device profiles) go through the
 public submodule :mod:`edgepack.runtime_shim.instrument`, which apps never import.
 The update client records verified installs through :mod:`edgepack.runtime_shim.integrity`
@@ -42,6 +45,17 @@ from .session import Session
 from .stats import GenerationStats
 from .tokenizer import Tokenizer
 
+
+def __getattr__(name: str):
+    """``open_slot`` lives with the update client; imported on first use (it needs
+    nothing beyond the runtime, but its package should not load with every app)."""
+    if name == "open_slot":
+        from .update.slots import open_slot
+
+        return open_slot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ChatTemplateError",
     "CorruptPackageError",
@@ -64,6 +78,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "integrity",
     "open",
+    "open_slot",
     "runtime_capabilities",
     "runtime_version",
 ]

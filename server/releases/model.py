@@ -38,6 +38,7 @@ from typing import Any
 
 from edgepack.format import CompatibilityVerdict, Header, ModelIdentity, RuntimeCapabilities
 from edgepack.format.compat import check_compatibility, parse_semver
+from edgepack.format.constants import TUF_CUSTOM_KEY
 from edgepack.format.names import check_name  # one rule for every layer
 
 from ..store.base import object_key
@@ -49,6 +50,7 @@ __all__ = [
     "ReleaseInfo",
     "Requirements",
     "check_name",
+    "chunk_hashes",
     "delta_target_path",
     "in_rollout",
     "percent_to_bp",
@@ -56,8 +58,21 @@ __all__ = [
     "semver_precedence",
 ]
 
-CUSTOM_KEY = "edgepack"
+CUSTOM_KEY = TUF_CUSTOM_KEY
 SCHEMA = 1
+# a release's bytes are also hashed in chunks of this size, signed with its target, so
+# a device verifies a download as it arrives (and refetches one bad chunk, not the file)
+CHUNK_BYTES = 256 * 1024
+
+
+def chunk_hashes(path: Any, size: int = CHUNK_BYTES) -> tuple[str, ...]:
+    """SHA-256 of each ``size``-byte chunk of the file at ``path`` (the last one shorter)."""
+    out = []
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            out.append(hashlib.sha256(chunk).hexdigest())
+    return tuple(out)
+
 
 
 def semver_precedence(version: str) -> tuple:
@@ -229,6 +244,8 @@ class ReleaseInfo:
     published: str = ""
     signers: tuple[str, ...] = ()
     deltas: tuple[DeltaInfo, ...] = field(default=())
+    chunks: tuple[str, ...] = ()  # chunk_hashes() of the package, chunk_bytes each
+    chunk_bytes: int = CHUNK_BYTES
 
     @property
     def rollout_percent(self) -> float:
@@ -257,6 +274,8 @@ class ReleaseInfo:
                 "signers": list(self.signers),
                 "requirements": self.requirements.to_dict(),
                 "deltas": [d.to_dict() for d in self.deltas],
+                **({"chunks": {"size": self.chunk_bytes, "sha256": list(self.chunks)}}
+                   if self.chunks else {}),
             }
         }
 
@@ -278,6 +297,8 @@ class ReleaseInfo:
             published=str(info.get("published", "")),
             signers=tuple(str(s) for s in info.get("signers", ())),
             deltas=tuple(DeltaInfo.from_dict(d) for d in info.get("deltas", ())),
+            chunks=tuple(str(h) for h in (info.get("chunks") or {}).get("sha256", ())),
+            chunk_bytes=int((info.get("chunks") or {}).get("size", CHUNK_BYTES)),
         )
 
     def to_json(self) -> dict[str, Any]:

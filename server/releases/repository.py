@@ -91,6 +91,7 @@ from .model import (
     ReleaseInfo,
     Requirements,
     check_name,
+    chunk_hashes,
     delta_target_path,
     percent_to_bp,
     release_target_path,
@@ -521,6 +522,7 @@ class ReleaseRepository:
                 published=now,
                 signers=facts.signers,
                 deltas=deltas,
+                chunks=chunk_hashes(facts.path),
             )
             _put_release(targets, release)
             versions = self._commit(repo, targets=targets)

@@ -21,6 +21,9 @@ FORBIDDEN = [
     "transformers",
     "tokenizers",
     "rich",
+    "tuf",
+    "urllib3",
+    "securesystemslib",
 ]
 
 
@@ -34,3 +37,17 @@ def test_runtime_shim_imports_nothing_heavy() -> None:
     assert "edgepack.format" in loaded  # the check itself is live
     leaked = [m for m in FORBIDDEN if m in loaded or any(x.startswith(m + ".") for x in loaded)]
     assert leaked == []
+
+
+def test_update_client_loads_no_server_code() -> None:
+    code = (
+        "import sys, json, edgepack.runtime_shim as rt, edgepack.runtime_shim.update as up;"
+        "from edgepack.runtime_shim.update import trust, fetcher, updater;"
+        "assert rt.open_slot is up.open_slot; print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded = set(json.loads(out.stdout))
+    assert "tuf.ngclient" in loaded  # the check itself is live
+    # (securesystemslib itself probes for boto3, for its AWS KMS signer: not ours to stop)
+    server = ["edgepack.packager", "edgepack.server", "edgepack.cli", "click", "fastapi", "uvicorn"]
+    assert [m for m in server if m in loaded or any(x.startswith(m + ".") for x in loaded)] == []

@@ -1,0 +1,57 @@
+"""edgepack.runtime_shim.update: keep an on-device model current, safely.
+
+Shaped like python-tuf's ngclient: :class:`Updater` (policy and I/O), python-tuf's
+trusted metadata state (in :mod:`.trust`), our fetcher with Range resume, a bandwidth
+cap and progress (:mod:`.fetcher`), and one :class:`UpdateConfig` bounding every size,
+count and time. Needs the ``edgepack[update]`` extra (python-tuf), imported only when
+an update runs; the server is never imported.
+
+    updater = Updater("https://updates.example", "/data/model", "root.json",
+                      device_id="device-42", channel="stable", model="chat")
+    result = updater.check_and_apply()       # result.result: updated, up_to_date, ...
+    model = edgepack.runtime_shim.open_slot("/data/model")
+"""
+
+from .config import UpdateConfig
+from .errors import (
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    ExpiredMetadataError,
+    HealthCheckError,
+    InsufficientStorageError,
+    MetadataError,
+    MetadataSignatureError,
+    RollbackError,
+    SlotError,
+    SlowRetrievalError,
+    TargetVerificationError,
+    UnsafeTargetError,
+    UpdateError,
+)
+from .plan import UpdateCheckResult
+from .slots import SlotDir, open_slot
+from .updater import Updater, UpdateResult
+
+__all__ = [
+    "DownloadError",
+    "DownloadHTTPError",
+    "DownloadLengthError",
+    "ExpiredMetadataError",
+    "HealthCheckError",
+    "InsufficientStorageError",
+    "MetadataError",
+    "MetadataSignatureError",
+    "RollbackError",
+    "SlotDir",
+    "SlotError",
+    "SlowRetrievalError",
+    "TargetVerificationError",
+    "UnsafeTargetError",
+    "UpdateCheckResult",
+    "UpdateConfig",
+    "UpdateError",
+    "UpdateResult",
+    "Updater",
+    "open_slot",
+]
