@@ -139,7 +139,10 @@ def test_readme_block(block: Block, workdir: Path, request: pytest.FixtureReques
             server.create_bucket(bucket)
         code = code.replace("http://minio:9000", server.endpoint_url)
         env.update(server.env())
-    if block.lang == "python":
+    if block.lang == "python" and "serve" in block.flags:  # beside a server, as sh does
+        script = f"edgepack serve --store releases/\n{sys.executable} - <<'PYEOF'\n{code}\nPYEOF"
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", _background_servers(script)]
+    elif block.lang == "python":
         cmd = [sys.executable, "-c", code]
     else:
         if "serve" in block.flags:
