@@ -12,7 +12,7 @@ import numpy as np
 from edgepack.format import Encoding, codecs
 
 from ..errors import NumericError
-from ..kv_cache import LayerKV
+from ..kv_cache import KV_LAYOUTS, LayerKV
 from ..weights import LayerWeights, Linear
 from .fallback import Fallback
 from .interface import (
@@ -211,7 +211,7 @@ class NativeKernels(CompositeLayer):
         block_table: np.ndarray,
         start: int,
     ) -> np.ndarray:
-        if "attend" in self.native_ops and (kv.mode == "float" or kv.v_group == 32):
+        if "attend" in self.native_ops and self._native_kv(kv):
             t, nh, hd = q.shape
             try:
                 if t == 1:
@@ -232,10 +232,35 @@ class NativeKernels(CompositeLayer):
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
         """The extension's whole layer when it has one and every weight is bound; else the
         shared chain (:mod:`.layer`) over this backend's ops."""
-        if not ctx.inject_overflow and self._fused_layer and all(_bound(lin) for lin in lw.linears):
+        if (
+            not ctx.inject_overflow
+            and self._fused_layer
+            and self._native_kv(ctx.kv)
+            and all(_bound(lin) for lin in lw.linears)
+        ):
             out, reason = self.mod.decoder_layer(lw, x, ctx)
-            return LayerResult(out, None if reason is None else Fallback(reason))
+            if reason != Fallback.KV_LAYOUT.value:
+                return LayerResult(out, None if reason is None else Fallback(reason))
+            self._kv_on_numpy(ctx.kv)
         return super().decoder_layer(lw, x, ctx)
+
+    def _native_kv(self, kv: LayerKV) -> bool:
+        """The native attention implements this layer's KV layout (legacy V group 32)."""
+        layout = KV_LAYOUTS.get(kv.mode)
+        if kv.mode == "float" or (layout is not None and layout.native and kv.v_group == 32):
+            return True
+        self._kv_on_numpy(kv)
+        return False
+
+    def _kv_on_numpy(self, kv: LayerKV) -> None:
+        """Attention of ``kv`` runs on numpy from now on (one warning with the reason)."""
+        key = f"kv:{kv.mode}/{kv.v_group}"
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(
+                "%s (kv %s, V group %d): attention on numpy",
+                Fallback.KV_LAYOUT, kv.mode, kv.v_group,
+            )  # fmt: skip
 
 
 def _native_codes(p: Linear) -> tuple[np.ndarray, Encoding]:
