@@ -55,7 +55,7 @@ def _log_to_stderr(verbose: bool) -> None:
 )
 @click.option("--seed", default=None, type=int, help="Sampling seed.")
 @threads_option
-@click.option("--kv", default=kv_default, type=KV_CHOICE, help="KV cache layout; default: the runtime's.")
+@click.option("--kv", default=kv_default, type=KV_CHOICE, help="KV cache layout.")
 @click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
 @kernels_option
 @trusted_key_option("Require a signature by this public key (NAME.pub); repeatable.")

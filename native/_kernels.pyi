@@ -341,9 +341,11 @@ def decoder_layer(
     .is_quantized, .act_group, .rows; .qkv_group / .gate_up_group (int | None).
     ctx: num_heads, num_kv_heads, head_dim, eps, cos, sin (float32 [T, head_dim/2]),
     positions (consecutive), n_ctx (= positions[-1] + 1), block_table, act_int8,
-    kv (.mode "float" or quantized with .v_group 32, .k, .k_scales, .v, .v_scales).
+    kv (.mode "float" or "int8-legacy" with .v_group 32, .k, .k_scales, .v, .v_scales).
     x [T, hidden] float32.  Returns (x_out, None) on success; on the int8-activation
     path (None, "activation scale overflow (<where>)") / (None, "non-finite K/V") ask for
-    a float recompute, and (x_out, "non-finite layer output") flags the output.  Raises
-    TypeError when an object lacks an attribute or a native Weight (call bind first) or
-    the KV V group is not 32, NumericError for non-finite K/V on the float path."""
+    a float recompute, and (x_out, "non-finite layer output") flags the output; any other
+    KV layout (runtime_shim.kv_cache.KV_LAYOUTS) returns (None, "KV cache layout not in
+    the native kernels") before doing anything, for the caller to run the layer itself.
+    Raises TypeError when an object lacks an attribute or a native Weight (call bind
+    first), NumericError for non-finite K/V on the float path."""

@@ -58,7 +58,8 @@ def test_head_dim_16_default_kv_runs_native_with_typed_fallback(
     if native.load() is None:
         pytest.skip("native extension not built")
     root = tmp_path_factory.mktemp("hd16")
-    pkg = convert_to(root, tiny_model_dir(root, num_attention_heads=8, num_key_value_heads=4), "f32")
+    src = tiny_model_dir(root, num_attention_heads=8, num_key_value_heads=4)
+    pkg = convert_to(root, src, "f32")
     ids = list(range(1, 30))
     out = {}
     for kernels in ("native", "numpy"):
