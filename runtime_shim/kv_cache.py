@@ -124,7 +124,7 @@ class KVLayout:
 KV_LAYOUTS: dict[str, KVLayout] = {
     layout.name: layout
     for layout in (
-        KVLayout("int8", 8, 5, 32, "float16", False, "K int8/token, V int5 asym g32 (f16 scales)"),
+        KVLayout("int8", 8, 5, 32, "float16", True, "K int8/token, V int5 asym g32 (f16 scales)"),
         KVLayout("int8-legacy", 8, 4, 32, "float32", True, "K int8/token, V int4 sym g32 (f32)"),
         KVLayout("float", 32, 32, 1, "float32", True, "K and V float32 (the reference)"),
     )

@@ -214,15 +214,17 @@ class NativeKernels(CompositeLayer):
         if "attend" in self.native_ops and self._native_kv(kv):
             t, nh, hd = q.shape
             try:
+                high = getattr(kv, "v_high", None)  # the int5 V layout's extra planes
+                v5 = {} if high is None else {"v_high": high, "v_mins": kv.v_mins}
                 if t == 1:
                     out = self.mod.attention_decode(
                         _c32(q)[0], _c32(k)[0], _c32(v)[0], kv.k, kv.k_scales, kv.v,
-                        kv.v_scales, block_table, int(start),
+                        kv.v_scales, block_table, int(start), **v5,
                     )  # fmt: skip
                 else:
                     out = self.mod.attention_prefill(
                         _c32(q), _c32(k), _c32(v), kv.k, kv.k_scales, kv.v, kv.v_scales,
-                        block_table, int(start),
+                        block_table, int(start), **v5,
                     )  # fmt: skip
                 return out.reshape(t, nh * hd)
             except TypeError as exc:
@@ -245,7 +247,7 @@ class NativeKernels(CompositeLayer):
         return super().decoder_layer(lw, x, ctx)
 
     def _native_kv(self, kv: LayerKV) -> bool:
-        """The native attention implements this layer's KV layout (legacy V group 32)."""
+        """The native attention implements this layer's KV layout (at V group 32)."""
         layout = KV_LAYOUTS.get(kv.mode)
         if kv.mode == "float" or (layout is not None and layout.native and kv.v_group == 32):
             return True

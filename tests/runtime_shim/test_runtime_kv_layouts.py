@@ -74,7 +74,7 @@ def test_head_dim_16_default_kv_runs_native_with_typed_fallback(
 
 
 def test_native_layer_names_the_layout_it_lacks() -> None:
-    """The fused native layer returns the typed reason instead of raising."""
+    """The fused native layer returns the typed reason instead of raising (V group 16)."""
     from types import SimpleNamespace as NS
 
     from edgepack import native
@@ -82,7 +82,7 @@ def test_native_layer_names_the_layout_it_lacks() -> None:
     mod = native.load()
     if mod is None or not hasattr(mod, "decoder_layer"):
         pytest.skip("native extension without decoder_layer")
-    pool = KVPool(1, 1, 32, KVCacheConfig(block_size=4, budget_bytes=1 << 16))
+    pool = KVPool(1, 1, 32, KVCacheConfig(block_size=4, budget_bytes=1 << 16, v_group=16))
     kv = pool.layer(0)
     ctx = NS(num_heads=1, num_kv_heads=1, head_dim=32, eps=1e-5, act_int8=False, kv=kv,
              positions=np.zeros(1, np.int64), n_ctx=1, cos=np.ones((1, 16), np.float32),
