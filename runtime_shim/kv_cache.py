@@ -6,14 +6,13 @@ stored is a :class:`KVLayout`; :data:`KV_LAYOUTS` is the one table of them (meas
 bench/kv.py: bytes per token, KL against the float cache, decode speed):
 
 ``"int8"`` (default)
-    K int8 with one float16 scale per 32 elements of a token and KV head (``d = absmax/127``,
-    ``q = clip(rint(k/d), -127, 127)``); V int5 asymmetric: a float16 min per 64 elements
-    and a float16 scale per group of ``v_group`` (32) along ``head_dim`` (``m = min``,
-    ``d = (max - m)/31`` over the group, ``c = clip(rint((v - m)/d), 0, 31)``,
-    ``v = c*d + m``; ``d``, ``m`` rounded to float16 first), stored as a nibble plane (low
-    4 bits, element ``2i`` in the low nibble of byte ``i``) plus a bit plane (bit 4 of
-    element ``i`` is bit ``i % 8`` of byte ``i // 8``). 0.445x the bytes of a float16
-    cache at head_dim 64 (groups that do not divide head_dim become head_dim or 32).
+    K int8 with one float16 scale per token and KV head (``d = absmax/127``,
+    ``q = clip(rint(k/d), -127, 127)``); V int5 asymmetric in groups of ``v_group`` (32)
+    along ``head_dim`` with a float16 scale and min per group (``m = min``,
+    ``d = (max - min)/31``, ``c = clip(rint((v - m)/d), 0, 31)``, ``v = c*d + m`` with
+    ``d``, ``m`` rounded to float16 first), stored as a nibble plane (low 4 bits, element
+    ``2i`` in the low nibble of byte ``i``) plus a bit plane (bit 4 of element ``i`` is bit
+    ``i % 8`` of byte ``i // 8``). 0.445x the bytes of a float16 cache at head_dim 64.
 ``"int8-legacy"``
     K int8 as above with a float32 scale; V int4 symmetric in groups of ``v_group``,
     float32 scale per group (``d = m/-8`` with ``m`` the element of largest magnitude,
@@ -25,9 +24,9 @@ bench/kv.py: bytes per token, KL against the float cache, decode speed):
 Quantized on write, dequantized on read. Arrays per layer (``NB`` blocks, ``BS`` tokens
 per block, ``H`` KV heads, ``D`` head_dim, ``G = D/v_group``)::
 
-    int8:        k_codes int8 [NB, BS, H, D]    k_scales f16 [NB, BS, H, D/32]
+    int8:        k_codes int8 [NB, BS, H, D]    k_scales f16 [NB, BS, H]
                  v_codes uint8 [NB, BS, H, D/2] v_high uint8 [NB, BS, H, D/8]
-                 v_scales f16 [NB, BS, H, G]    v_mins f16 [NB, BS, H, D/64]
+                 v_scales f16 [NB, BS, H, G]    v_mins f16 [NB, BS, H, G]
     int8-legacy: k_codes int8 [NB, BS, H, D]    k_scales f32 [NB, BS, H]
                  v_codes uint8 [NB, BS, H, D/2] v_scales f32 [NB, BS, H, G]
     float:       k f32 [NB, BS, H, D]           v f32 [NB, BS, H, D]
@@ -87,8 +86,6 @@ class KVLayout:
     scale_dtype: str
     native: bool
     summary: str
-    k_group: int | None = None  # K elements per scale (None: one scale per token and head)
-    v_min_group: int | None = None  # int5: V elements per min (a multiple of v_group)
 
     @property
     def quantized(self) -> bool:
@@ -104,23 +101,13 @@ class KVLayout:
         if not self.quantized:
             return {"k": ((h, d), "float32"), "v": ((h, d), "float32")}
         sd, g = self.scale_dtype, d // v_group
-        ks = (h,) if self.k_group is None else (h, d // self.k_groups(d))
-        out = {"k": ((h, d), "int8"), "k_scales": (ks, sd), "v": ((h, d // 2), "uint8")}
+        out = {"k": ((h, d), "int8"), "k_scales": ((h,), sd), "v": ((h, d // 2), "uint8")}
         if self.v_bits == 5:
             out["v_high"] = ((h, d // 8), "uint8")
         out["v_scales"] = ((h, g), sd)
         if self.v_bits == 5:
-            out["v_mins"] = ((h, d // self.min_group(d, v_group)), sd)
+            out["v_mins"] = ((h, g), sd)
         return out
-
-    def k_groups(self, d: int) -> int:
-        """K elements per scale at head_dim ``d``."""
-        return d if self.k_group is None or d % self.k_group else self.k_group
-
-    def min_group(self, d: int, v_group: int) -> int:
-        """V elements per min at head_dim ``d`` (``v_group`` when the layout's does not fit)."""
-        mg = self.v_min_group or v_group
-        return mg if d % mg == 0 and mg % v_group == 0 else v_group
 
     def bytes_per_token_layer(self, h: int, d: int, v_group: int | None = None) -> int:
         g = self.group(d, v_group)
@@ -137,8 +124,7 @@ class KVLayout:
 KV_LAYOUTS: dict[str, KVLayout] = {
     layout.name: layout
     for layout in (
-        KVLayout("int8", 8, 5, 32, "float16", True, "K int8 g32, V int5 asym g32/min g64 (f16)",
-                 k_group=32, v_min_group=64),
+        KVLayout("int8", 8, 5, 32, "float16", True, "K int8/token, V int5 asym g32 (f16 scales)"),
         KVLayout("int8-legacy", 8, 4, 32, "float32", True, "K int8/token, V int4 sym g32 (f32)"),
         KVLayout("float", 32, 32, 1, "float32", True, "K and V float32 (the reference)"),
     )

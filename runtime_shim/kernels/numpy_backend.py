@@ -322,11 +322,9 @@ class NumpyKernels(CompositeLayer):
             return
         layout = kv.layout
         sd = np.dtype(layout.scale_dtype)
-        dim = k.shape[-1]
-        kq, kd, ok_k = _quantize_k(k, sd, layout.k_groups(dim))
+        kq, kd, ok_k = _quantize_k(k, sd)
         if layout.v_bits == 5:
-            mg = layout.min_group(dim, kv.v_group)
-            vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, mg, sd)
+            vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
         else:
             (vq, vd, ok_v), vhi, vm = _quantize_v(v, kv.v_group), None, None
         if not (ok_k and ok_v):
@@ -336,7 +334,7 @@ class NumpyKernels(CompositeLayer):
                 op="kv_write",
             )
         kv.k[blk, off] = kq
-        kv.k_scales[blk, off] = kd.reshape(kq.shape[0], *kv.k_scales.shape[2:])
+        kv.k_scales[blk, off] = kd
         kv.v[blk, off] = vq
         kv.v_scales[blk, off] = vd
         if vhi is not None:
@@ -355,12 +353,8 @@ class NumpyKernels(CompositeLayer):
 
         if kv.mode == "float":
             return rows(kv.k), rows(kv.v)
-        ks = rows(kv.k_scales).astype(_F32)
         k = rows(kv.k).astype(_F32)
-        if ks.ndim == 3:  # one scale per group of K elements
-            k = (k.reshape(*ks.shape, -1) * ks[..., None]).reshape(k.shape)
-        else:
-            k *= ks[:, :, None]
+        k *= rows(kv.k_scales).astype(_F32)[:, :, None]
         vc = rows(kv.v)
         h, half = vc.shape[1], vc.shape[2]
         nib = np.empty((n, h, half, 2), np.uint8)
@@ -374,8 +368,7 @@ class NumpyKernels(CompositeLayer):
             )
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v *= vs
-            mins = rows(kv.v_mins).astype(_F32)
-            v += np.repeat(mins, v.shape[2] // mins.shape[2], axis=-1)[..., None]
+            v += rows(kv.v_mins).astype(_F32)[..., None]
         else:
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v -= _F32(8)
@@ -410,24 +403,18 @@ class NumpyKernels(CompositeLayer):
         )
 
 
-def _quantize_k(
-    k: np.ndarray, scale_dtype: np.dtype, group: int
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """int8 per token, head and ``group`` elements (one scale per head when ``group`` is
-    head_dim); the scale is rounded to ``scale_dtype`` before use."""
-    t, h, dim = k.shape
-    kg = k.reshape(t, h, dim // group, group)
+def _quantize_k(k: np.ndarray, scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
+    """int8 per token and head; the scale is rounded to ``scale_dtype`` before use."""
     with np.errstate(all="ignore"):
-        absmax = np.max(np.abs(kg), axis=-1)
+        absmax = np.max(np.abs(k), axis=-1)
         d = (absmax / _F32(127)).astype(scale_dtype).astype(_F32)
         ok = bool(np.isfinite(absmax).all() and np.isfinite(d).all())
         inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
-        q = kg * inv[..., None]
+        q = k * inv[..., None]
         np.rint(q, out=q)
         np.clip(q, -127, 127, out=q)
         q = np.nan_to_num(q, nan=0.0)
-    d = d[..., 0] if group == dim else d
-    return q.astype(np.int8).reshape(t, h, dim), d.astype(scale_dtype), ok
+    return q.astype(np.int8), d.astype(scale_dtype), ok
 
 
 def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -450,20 +437,16 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
 
 
 def _quantize_v5(
-    v: np.ndarray, group: int, min_group: int, scale_dtype: np.dtype
+    v: np.ndarray, group: int, scale_dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """int5 asymmetric: ``m = min`` per ``min_group`` elements, ``d = (max - m)/31`` per
-    ``group`` (both rounded to ``scale_dtype`` first), ``c = clip(rint((v - m) * (1/d)),
-    0, 31)``. Returns the nibble plane, the bit plane of bit 4, scales, mins and whether
-    everything was finite."""
+    """int5 asymmetric per group: ``m = min``, ``d = (max - min)/31`` (both rounded to
+    ``scale_dtype`` first), ``c = clip(rint((v - m) * (1/d)), 0, 31)``. Returns the nibble
+    plane, the bit plane of bit 4, scales, mins and whether everything was finite."""
     t, h, dim = v.shape
     vg = v.reshape(t, h, dim // group, group)
-    per = min_group // group
     with np.errstate(all="ignore"):
-        mins = v.reshape(t, h, dim // min_group, min_group).min(axis=-1)
-        hi = vg.max(axis=-1)
-        mins = mins.astype(scale_dtype).astype(_F32)
-        m = np.repeat(mins, per, axis=-1)
+        lo, hi = vg.min(axis=-1), vg.max(axis=-1)
+        m = lo.astype(scale_dtype).astype(_F32)
         d = ((hi - m) / _F32(31)).astype(scale_dtype).astype(_F32)
         ok = bool(np.isfinite(v).all() and np.isfinite(m).all() and np.isfinite(d).all())
         inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
@@ -474,4 +457,4 @@ def _quantize_v5(
     codes = c.astype(np.uint8).reshape(t, h, dim)
     packed = (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
     high = np.packbits(codes >> 4, axis=-1, bitorder="little")
-    return packed, high, d.astype(scale_dtype), mins.astype(scale_dtype), ok
+    return packed, high, d.astype(scale_dtype), m.astype(scale_dtype), ok

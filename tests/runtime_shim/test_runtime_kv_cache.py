@@ -47,8 +47,8 @@ def test_budget_sets_block_count_and_bytes() -> None:
     assert pool.bytes_per_block == per_token_layer * BS * 2
     pool = make_pool(8, mode="int8")
     assert pool.num_blocks == 8 and pool.mode == "int8"
-    # int8 (default): K 1 byte + V 5 bits per element, f16 K scale per 32 (per head at
-    # head_dim 32), f16 V scale per 32 and min per 64 (per 32 at head_dim 32)
+    # int8 (default): K 1 byte + V 5 bits per element, f16 K scale per head, f16 V scale
+    # and min per 32
     per_token_layer = 2 * 32 + 2 * 2 + 2 * (16 + 4) + 2 * 1 * (2 + 2)
     assert pool.bytes_per_block == per_token_layer * BS * 2
     fpool = make_pool(8, mode="float")

@@ -663,11 +663,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         py::array ksa = as_array(ks, "k_scale"), vsa = as_array(vs, "v_scale");
         kv.v5 = is(ksa, "float16");  // the int5-V layout ("int8"): K scales in float16
         if (!kv.v5) need_dtype(ksa, "float32", "k_scale");
-        if (kv.v5) {
-            need_shape(ksa, {NB, BS, H, D / 32}, "k_scale");
-        } else {
-            need_shape(ksa, {NB, BS, H}, "k_scale");
-        }
+        need_shape(ksa, {NB, BS, H}, "k_scale");
         if (kv.v5) {
             if (vh.is_none() || vm.is_none()) value_error("a float16 k_scale (int5 V) needs v_high and v_mins");
             if (!is(vsa, "float16")) type_error("the int5 V layout needs a float16 v_scale");
@@ -675,7 +671,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
             need_dtype(vha, "uint8", "v_high");
             need_shape(vha, {NB, BS, H, D / 8}, "v_high");
             need_dtype(vma, "float16", "v_mins");
-            need_shape(vma, {NB, BS, H, D / (32 * (D % 64 == 0 ? 2 : 1))}, "v_mins");
+            need_shape(vma, {NB, BS, H, D / 32}, "v_mins");
             for (const py::array& p : {vha, vma}) {
                 need_contig(p, "v_high / v_mins");
                 need_writeable(p, "v_high / v_mins");

@@ -374,34 +374,35 @@ inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* 
 // Layout "int8" (v5): K scale d = f16(amax / 127) (then q as quant_with); V group of 32:
 // m = f16(min), d = f16((max - m) / 31), c = clip(rint((v - m) * (1/d)), 0, 31) (1/d = 0
 // when d == 0), low nibble of c in the nibble plane, bit 4 in the bit plane.
-inline float k16_scale_f32(const float* k, int64_t n) { return bits_f32(VS::max_abs_bits(k, n)) / 127.0f; }
+inline float k16_scale_f32(const float* k, int64_t D) { return bits_f32(VS::max_abs_bits(k, D)) / 127.0f; }
 
-inline float min_of(const float* v, int64_t n) {
-    float a = v[0];
-    for (int64_t i = 1; i < n; ++i) a = v[i] < a ? v[i] : a;
-    return a;
-}
-inline float max_of_n(const float* v, int64_t n) {
-    float b = v[0];
-    for (int64_t i = 1; i < n; ++i) b = v[i] > b ? v[i] : b;
-    return b;
+inline void v5_group_range(const float* v, float* lo, float* hi) {
+    float a = v[0], b = v[0];
+    for (int i = 1; i < 32; ++i) {
+        a = v[i] < a ? v[i] : a;
+        b = v[i] > b ? v[i] : b;
+    }
+    *lo = a;
+    *hi = b;
 }
 
-// True when a float16 K scale or V5 scale / min of this token and head would overflow
-// (K scale per 32; V min per mp groups of 32, V scale per 32).
-inline bool v5_overflows(const float* k, const float* v, int64_t D, int64_t mp) {
+// True when a float16 K scale or V5 scale / min of this token and head would overflow.
+inline bool v5_overflows(const float* k, const float* v, int64_t D) {
+    if (f16_is_inf(f32_to_f16(k16_scale_f32(k, D)))) return true;
     for (int64_t g = 0; g < D / 32; ++g) {
-        if (f16_is_inf(f32_to_f16(k16_scale_f32(k + g * 32, 32)))) return true;
-        const uint16_t m16 = f32_to_f16(min_of(v + (g / mp) * mp * 32, mp * 32));
-        if (f16_is_inf(m16) || f16_is_inf(f32_to_f16((max_of_n(v + g * 32, 32) - f16_to_f32(m16)) / 31.0f))) return true;
+        float lo, hi;
+        v5_group_range(v + g * 32, &lo, &hi);
+        const uint16_t m16 = f32_to_f16(lo);
+        if (f16_is_inf(m16) || f16_is_inf(f32_to_f16((hi - f16_to_f32(m16)) / 31.0f))) return true;
     }
     return false;
 }
 
-// One V group of 32 against its (float16) min m16.
-inline void quant_v5_group(const float* v, uint16_t m16, uint8_t* nib, uint8_t* high, uint16_t* d16) {
-    const float hi = max_of_n(v, 32);
-    const float m = f16_to_f32(m16);
+inline void quant_v5_group(const float* v, uint8_t* nib, uint8_t* high, uint16_t* d16, uint16_t* m16) {
+    float lo, hi;
+    v5_group_range(v, &lo, &hi);
+    *m16 = f32_to_f16(lo);
+    const float m = f16_to_f32(*m16);
     *d16 = f32_to_f16((hi - m) / 31.0f);
     const float d = f16_to_f32(*d16);
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
@@ -444,23 +445,16 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
     }
     const int64_t G = D / 32;
     if (kv.v5) {
-        const int64_t mp = kv.min_per();
         for (int64_t h = 0; h < H; ++h) {
-            if (v5_overflows(k + h * kstride, v + h * vstride, D, mp)) return {Status::scale_overflow, h, 0};
+            if (v5_overflows(k + h * kstride, v + h * vstride, D)) return {Status::scale_overflow, h, 0};
         }
         for (int64_t h = 0; h < H; ++h) {
             const int64_t idx = kv.index(pos, h);
-            const float* kh = k + h * kstride;
-            const float* vh = v + h * vstride;
+            kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
+            quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
             for (int64_t g = 0; g < G; ++g) {
-                kv.k_scale16[idx * G + g] = f32_to_f16(k16_scale_f32(kh + g * 32, 32));
-                quant_with<V>(kh + g * 32, 32, f16_to_f32(kv.k_scale16[idx * G + g]), kv.k + idx * D + g * 32);
-            }
-            for (int64_t g = 0; g < G; ++g) {
-                uint16_t* m16 = kv.v_min + idx * (G / mp) + g / mp;
-                if (g % mp == 0) *m16 = f32_to_f16(min_of(vh + g * 32, mp * 32));
-                quant_v5_group(vh + g * 32, *m16, kv.v + idx * (D / 2) + g * 16, kv.v_high + idx * (D / 8) + g * 4,
-                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g);
+                quant_v5_group(v + h * vstride + g * 32, kv.v + idx * (D / 2) + g * 16, kv.v_high + idx * (D / 8) + g * 4,
+                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
             }
         }
         return {};
@@ -576,7 +570,7 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
                                                : static_cast<const float*>(kv.v_scale)[idx * G + g];
                 if (kv.v5) {  // out += (e d) c + e m
                     v5_high_bits(kv.v_high + idx * (D / 8) + g * 4, row + g * 32);
-                    const float mn = V::h2f(kv.v_min[idx * (G / kv.min_per()) + g / kv.min_per()]);
+                    const float mn = V::h2f(kv.v_min[idx * G + g]);
                     for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
                         float* ot = t.out + tt * t.ostride + g * 32;
                         for (int64_t r = 0; r < t.per; ++r, ++j) {
@@ -642,16 +636,10 @@ inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, flo
         for (int w = 0; w < W; ++w) {
             const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
             idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized && !kv.v5 ? kv.kscale(idx[w]) : 1.0f;
+            ks[w] = kv.quantized ? kv.kscale(idx[w]) : 1.0f;
         }
         for (int w = 0; w < W; ++w) {
-            if (kv.v5) {  // K scales per 32: the row dequantized (k_d = q_d * s_{d/32})
-                const int8_t* kq = kv.k + idx[w] * D;
-                for (int64_t g = 0; g < D / 32; ++g) {
-                    const float s = kv.kscale_g(idx[w], g);
-                    for (int64_t d = g * 32; d < g * 32 + 32; ++d) kt[d * W + w] = static_cast<float>(kq[d]) * s;
-                }
-            } else if (kv.quantized) {
+            if (kv.quantized) {
                 const int8_t* kq = kv.k + idx[w] * D;
                 for (int64_t d = 0; d < D; ++d) kt[d * W + w] = static_cast<float>(kq[d]);
             } else {
@@ -705,21 +693,14 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
         for (int64_t s = 0; s < n; ++s) {
             const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
-            if (kv.quantized && !kv.v5 && t.nq == 1) {  // convert in registers (same floats)
+            if (kv.quantized && t.nq == 1) {  // convert in registers (same floats)
                 const float dot = dot16<V>(t.q, kv.k + idx * D, D, [](const int8_t* x) { return V::load_i8(x); });
                 sc[p] = (dot * kv.kscale(idx)) * t.scale;
                 continue;
             }
             const float* kr;
             float ks = 1.0f;
-            if (kv.v5) {  // K scales per 32: the row dequantized, as scores_block does
-                const int8_t* kq = kv.k + idx * D;
-                for (int64_t g = 0; g < D / 32; ++g) {
-                    const typename V::T s = V::set1(kv.kscale_g(idx, g));
-                    for (int64_t i = g * 32; i < g * 32 + 32; i += V::W) V::store(row + i, V::mul(V::load_i8(kq + i), s));
-                }
-                kr = row;
-            } else if (kv.quantized) {  // several queries: convert the row once
+            if (kv.quantized) {  // several queries: convert the row once
                 const int8_t* kq = kv.k + idx * D;
                 int64_t i = 0;
                 for (; i + V::W <= D; i += V::W) V::store(row + i, V::load_i8(kq + i));

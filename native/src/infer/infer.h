@@ -79,10 +79,9 @@ struct ActF32 {
 //   quantized: k int8 [NB, BS, H, D], k_scale f32 [NB, BS, H],
 //              v u8 [NB, BS, H, D/2] (low nibble = even d), v_scale f16|f32 [NB, BS, H, D/32]
 //              k = q * k_scale; v = (nib - 8) * v_scale (group 32 along D)
-//   v5 (layout "int8"): k int8 with k_scale16 f16 [NB, BS, H, D/32] (one per 32: k = q *
-//              k_scale16[i / 32]); v nibbles as above plus v_high u8 [NB, BS, H, D/8] (bit
-//              4 of element i = bit i % 8 of byte i / 8), v_scale f16 [NB, BS, H, D/32] and
-//              v_min f16 [NB, BS, H, D/(32 * min_per())]: v = c * v_scale + v_min,
+//   v5 (layout "int8"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
+//              v_high u8 [NB, BS, H, D/8] (bit 4 of element i = bit i % 8 of byte i / 8),
+//              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
 //              c = nib + 16 * bit (0..31)
 //   float:     kf, vf f32 [NB, BS, H, D]
 struct KvCache {
@@ -102,9 +101,7 @@ struct KvCache {
     const int32_t* table = nullptr;  // validated: every entry used is in [0, n_blocks)
     int64_t table_len = 0;
 
-    float kscale(int64_t idx) const { return k_scale[idx]; }  // one K scale per token and head
-    float kscale_g(int64_t idx, int64_t g) const { return f16_to_f32(k_scale16[idx * (head_dim / 32) + g]); }
-    int64_t min_per() const { return head_dim % 64 == 0 ? 2 : 1; }  // v5: V groups of 32 per min
+    float kscale(int64_t idx) const { return k_scale16 != nullptr ? f16_to_f32(k_scale16[idx]) : k_scale[idx]; }
 
     int64_t index(int64_t pos, int64_t head) const {
         const int64_t blk = table[pos / block_size];

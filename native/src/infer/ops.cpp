@@ -202,9 +202,7 @@ Result kv_append(const KvCache& kv, const AttnArgs& a) {
     if (kv.v5) {
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t h = 0; h < H; ++h) {
-                if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D, kv.min_per())) {
-                    return {Status::scale_overflow, t, h};
-                }
+                if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D)) return {Status::scale_overflow, t, h};
             }
         }
     } else if (kv.quantized && kv.v_scale_f16) {
@@ -319,16 +317,14 @@ void kv_read(const KvCache& kv, int64_t L, float* k, float* v) {
                 std::copy(kv.vf + idx * D, kv.vf + (idx + 1) * D, vo);
                 continue;
             }
-            for (int64_t i = 0; i < D; ++i) {
-                ko[i] = static_cast<float>(kv.k[idx * D + i]) * (kv.v5 ? kv.kscale_g(idx, i / 32) : kv.kscale(idx));
-            }
+            for (int64_t i = 0; i < D; ++i) ko[i] = static_cast<float>(kv.k[idx * D + i]) * kv.kscale(idx);
             const uint8_t* vq = kv.v + idx * (D / 2);
             for (int64_t g = 0; g < G; ++g) {
                 const float d = kv.v_scale_f16
                                     ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
                                     : static_cast<const float*>(kv.v_scale)[idx * G + g];
                 if (kv.v5) {
-                    const float mn = f16_to_f32(kv.v_min[idx * (G / kv.min_per()) + g / kv.min_per()]);
+                    const float mn = f16_to_f32(kv.v_min[idx * G + g]);
                     for (int i = 0; i < 32; ++i) {
                         const int nib = (vq[g * 16 + i / 2] >> (4 * (i % 2))) & 0x0f;
                         const int bit = (kv.v_high[idx * (D / 8) + g * 4 + i / 8] >> (i % 8)) & 1;
