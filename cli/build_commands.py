@@ -97,6 +97,7 @@ def build(
     "--chunks", default=None, type=click.IntRange(min=1), help="At most this many chunks."
 )
 @click.option("--kv", default="float", type=KV_CHOICE, show_default=True)
+@click.option("--ref-kv", default=None, type=KV_CHOICE, help="The reference's KV (default: --kv).")
 @click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
 @kernels_option
 @threads_option
@@ -113,6 +114,7 @@ def eval_command(
     ctx: int,
     chunks: int | None,
     kv: str,
+    ref_kv: str | None,
     activations: str,
     kernels: str,
     threads: int | None,
@@ -136,6 +138,7 @@ def eval_command(
         kernels=kernels_or_none(kernels),
         activations=activations,
         kv=kv,
+        ref_kv=ref_kv,
         threads=threads,
         on_chunk=tick,
         ref_cache=ref_cache,

@@ -25,6 +25,7 @@ __all__ = [
     "json_requested",
     "kernels_option",
     "kernels_or_none",
+    "kv_default",
     "model_name_value",
     "output_option",
     "release_options",
@@ -42,7 +43,34 @@ __all__ = [
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 KERNEL_CHOICES = ("auto", "numpy", "native")
-KV_CHOICE = click.Choice(["int8", "float"])  # KV cache storage
+
+
+class _KVChoice(click.Choice):
+    """The KV cache layouts of ``runtime_shim.kv_cache.KV_LAYOUTS`` (their one table),
+    read on first use so the CLI starts without importing the runtime."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        from edgepack.runtime_shim.kv_cache import KV_MODES
+
+        return KV_MODES
+
+    @choices.setter
+    def choices(self, value: object) -> None:  # click's __init__ assigns; the table rules
+        pass
+
+
+KV_CHOICE = _KVChoice()  # KV cache storage
+
+
+def kv_default() -> str:
+    """The runtime's default KV layout (``runtime_shim.kv_cache.DEFAULT_KV``), read lazily."""
+    from edgepack.runtime_shim.kv_cache import DEFAULT_KV
+
+    return DEFAULT_KV
 ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 
 _KEY_FILE = click.Path(exists=True, dir_okay=False)

@@ -13,6 +13,7 @@ from .options import (
     KV_CHOICE,
     kernels_option,
     kernels_or_none,
+    kv_default,
     require_signature_option,
     threads_option,
     threshold_option,
@@ -59,7 +60,7 @@ def _log_to_stderr(verbose: bool) -> None:
 )
 @click.option("--seed", default=None, type=int, help="Sampling seed.")
 @threads_option
-@click.option("--kv", default="int8", type=KV_CHOICE, show_default=True, help="KV cache storage.")
+@click.option("--kv", default=kv_default, type=KV_CHOICE, help="KV cache layout.")
 @click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
 @kernels_option
 @trusted_key_option("Require a signature by this public key (NAME.pub); repeatable.")

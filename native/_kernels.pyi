@@ -256,6 +256,15 @@ def lowrank(
 #                                           d = peak / -8 (+0), peak = first max-|v| value
 #                                           (codecs int4-sym rule; rounded to float16 when
 #                                           the scale pool is float16)
+# The int5-V layout ("int8" of runtime_shim.kv_cache.KV_LAYOUTS) is chosen by a float16
+# k_scale and adds the keyword arrays v_high and v_mins:
+#     k_scale  float16 [NB, BS, H]          d = f16(max|k| / 127), k = q * d
+#     v_cache  uint8   [NB, BS, H, D // 2]  low 4 bits of c, low nibble = even element
+#     v_high   uint8   [NB, BS, H, D // 8]  bit 4 of c for element i: bit i % 8 of byte i // 8
+#     v_scale, v_mins float16 [NB, BS, H, D // 32]
+#                                           v = c * v_scale + v_mins, group 32 along D,
+#                                           m = f16(min), d = f16((max - m) / 31),
+#                                           c = clip(rint((v - m) * (1/d)), 0, 31)
 # A float cache is k_cache, v_cache float32 [NB, BS, H, D] with k_scale = v_scale = None.
 # block_table: int32 [n] — logical block i of the sequence is physical block
 # block_table[i]; position p lives at (block_table[p // BS], p % BS).  All pool arrays
@@ -272,6 +281,9 @@ def kv_write(
     v_scale: npt.NDArray[np.generic] | None,
     block_table: npt.NDArray[np.int32],
     start_pos: int,
+    *,
+    v_high: npt.NDArray[np.uint8] | None = None,
+    v_mins: npt.NDArray[np.float16] | None = None,
 ) -> None:
     """Quantize-on-write T tokens k, v [T, H, D] at positions start_pos.. (all or
     nothing: NumericError before any write on NaN/Inf or a float16 V-scale overflow)."""
@@ -289,6 +301,8 @@ def attention_decode(
     *,
     scale: float | None = None,
     out: npt.NDArray[np.float32] | None = None,
+    v_high: npt.NDArray[np.uint8] | None = None,
+    v_mins: npt.NDArray[np.float16] | None = None,
 ) -> npt.NDArray[np.float32]:
     """One token: writes k, v ([H, D] or [1, H, D]) at `pos` (quantize on write), then
     q [n_heads, D] (or [1, n_heads, D]) attends over positions 0..pos of the dequantized
@@ -308,6 +322,8 @@ def attention_prefill(
     *,
     scale: float | None = None,
     out: npt.NDArray[np.float32] | None = None,
+    v_high: npt.NDArray[np.uint8] | None = None,
+    v_mins: npt.NDArray[np.float16] | None = None,
 ) -> npt.NDArray[np.float32]:
     """T tokens (q [T, n_heads, D], k/v [T, H, D], token-strided views allowed): writes
     positions start_pos..start_pos+T-1, then causal attention (query t sees positions
@@ -321,6 +337,9 @@ def kv_read(
     v_scale: npt.NDArray[np.generic] | None,
     block_table: npt.NDArray[np.int32],
     length: int,
+    *,
+    v_high: npt.NDArray[np.uint8] | None = None,
+    v_mins: npt.NDArray[np.float16] | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Dequantized (k, v) float32 [length, H, D] of positions 0..length-1."""
 
@@ -341,9 +360,12 @@ def decoder_layer(
     .is_quantized, .act_group, .rows; .qkv_group / .gate_up_group (int | None).
     ctx: num_heads, num_kv_heads, head_dim, eps, cos, sin (float32 [T, head_dim/2]),
     positions (consecutive), n_ctx (= positions[-1] + 1), block_table, act_int8,
-    kv (.mode "float" or quantized with .v_group 32, .k, .k_scales, .v, .v_scales).
+    kv (.mode "float", or "int8-legacy" / "int8" with .v_group 32, .k, .k_scales, .v,
+    .v_scales, and for "int8" .v_high, .v_mins).
     x [T, hidden] float32.  Returns (x_out, None) on success; on the int8-activation
     path (None, "activation scale overflow (<where>)") / (None, "non-finite K/V") ask for
-    a float recompute, and (x_out, "non-finite layer output") flags the output.  Raises
-    TypeError when an object lacks an attribute or a native Weight (call bind first) or
-    the KV V group is not 32, NumericError for non-finite K/V on the float path."""
+    a float recompute, and (x_out, "non-finite layer output") flags the output; any other
+    KV layout (runtime_shim.kv_cache.KV_LAYOUTS) returns (None, "KV cache layout not in
+    the native kernels") before doing anything, for the caller to run the layer itself.
+    Raises TypeError when an object lacks an attribute or a native Weight (call bind
+    first), NumericError for non-finite K/V on the float path."""

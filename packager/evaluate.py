@@ -11,7 +11,8 @@ agreement are averaged over the same positions.
 
 Both packages run on the runtime shim as a device would (default kernels, dynamic int8
 activations for quantized weights) with a float KV cache by default, as llama.cpp's f16
-KV cache is near lossless (``kv="int8"`` measures the device's cache too).
+KV cache is near lossless (``kv="int8"`` measures the device's cache too; with
+``ref_kv="float"`` and the package as its own reference, the KV cache alone: bench/kv.py).
 """
 
 from __future__ import annotations
@@ -149,12 +150,14 @@ def evaluate(
     kernels: str | None = None,
     activations: str = "auto",
     kv: str = "float",
+    ref_kv: str | None = None,
     threads: int | None = None,
     on_chunk: Callable[[int, int, float], None] | None = None,
     ref_cache: str | Path | None = None,
 ) -> EvalResult:
     """Perplexity of ``package`` on ``text`` (default: the held-out split); see the module.
 
+    ``ref_kv``: the reference's KV cache layout (default: ``kv``).
     ``ref_cache``: a directory where the reference's scored log-probabilities are kept
     (float32, keyed by the reference's header digest, the tokens and ``ctx``), so later
     evaluations against the same reference run one model instead of two.
@@ -171,7 +174,7 @@ def evaluate(
     ref_model = None
     try:
         if ref is not None:
-            ref_model = open_model(ref, kv=kv, activations="float", **opts)
+            ref_model = open_model(ref, kv=ref_kv or kv, activations="float", **opts)
         tokens, bos = tokenize_for_eval(model, text)
         n_chunks = len(tokens) // ctx
         if chunks is not None:
@@ -184,7 +187,7 @@ def evaluate(
         first = ctx // 2
         cache = None
         if ref_model is not None and ref_cache is not None:
-            cache = _RefCache(Path(ref_cache), ref_model, tokens, ctx, kv)
+            cache = _RefCache(Path(ref_cache), ref_model, tokens, ctx, ref_kv or kv)
         nll_parts, kl_parts, top1_hits, ref_nll_parts, per_chunk = [], [], 0, [], []
         for c in range(n_chunks):
             ids = tokens[c * ctx : (c + 1) * ctx]

@@ -1,23 +1,35 @@
 """Paged KV cache: fixed-size blocks, prefix sharing with copy-on-write, LRU eviction.
 
 One :class:`KVPool` per model holds every block for every layer (a block id names the
-same ``block_size`` token slots in all layers, as in vLLM). Storage modes:
+same ``block_size`` token slots in all layers, as in vLLM). How a token's K and V are
+stored is a :class:`KVLayout`; :data:`KV_LAYOUTS` is the one table of them (measured by
+bench/kv.py: bytes per token, KL against the float cache, decode speed):
 
 ``"int8"`` (default)
-    K int8 with one float32 scale per token and KV head (``d = absmax/127``,
-    ``q = clip(rint(k/d), -127, 127)``); V int4 symmetric in groups of ``v_group``
-    along ``head_dim``, float32 scale per group (``d = m/-8`` with ``m`` the element of
-    largest magnitude, nibble ``clip(rint(v/d), -8, 7) + 8``, element ``2i`` in the low
-    nibble of byte ``i``), i.e. the weight codec of spec section 5 with float32 scales.
-    Quantized on write, dequantized on read.
+    K int8 with one float16 scale per token and KV head (``d = absmax/127``,
+    ``q = clip(rint(k/d), -127, 127)``); V int5 asymmetric in groups of ``v_group`` (32)
+    along ``head_dim`` with a float16 scale and min per group (``m = min``,
+    ``d = (max - min)/31``, ``c = clip(rint((v - m)/d), 0, 31)``, ``v = c*d + m`` with
+    ``d``, ``m`` rounded to float16 first), stored as a nibble plane (low 4 bits, element
+    ``2i`` in the low nibble of byte ``i``) plus a bit plane (bit 4 of element ``i`` is bit
+    ``i % 8`` of byte ``i // 8``). 0.445x the bytes of a float16 cache at head_dim 64.
+``"int8-legacy"``
+    K int8 as above with a float32 scale; V int4 symmetric in groups of ``v_group``,
+    float32 scale per group (``d = m/-8`` with ``m`` the element of largest magnitude,
+    nibble ``clip(rint(v/d), -8, 7) + 8``), i.e. the weight codec of spec section 5 with
+    float32 scales. Cheaper (0.42x of float16) but it changes greedy answers.
 ``"float"``
     float32 K and V: the reference.
 
-Arrays per layer (``NB`` blocks, ``BS`` tokens per block, ``H`` KV heads, ``D`` head_dim)::
+Quantized on write, dequantized on read. Arrays per layer (``NB`` blocks, ``BS`` tokens
+per block, ``H`` KV heads, ``D`` head_dim, ``G = D/v_group``)::
 
-    int8:  k_codes int8 [NB, BS, H, D]   k_scales f32 [NB, BS, H]
-           v_codes uint8 [NB, BS, H, D/2] v_scales f32 [NB, BS, H, D/v_group]
-    float: k f32 [NB, BS, H, D]          v f32 [NB, BS, H, D]
+    int8:        k_codes int8 [NB, BS, H, D]    k_scales f16 [NB, BS, H]
+                 v_codes uint8 [NB, BS, H, D/2] v_high uint8 [NB, BS, H, D/8]
+                 v_scales f16 [NB, BS, H, G]    v_mins f16 [NB, BS, H, G]
+    int8-legacy: k_codes int8 [NB, BS, H, D]    k_scales f32 [NB, BS, H]
+                 v_codes uint8 [NB, BS, H, D/2] v_scales f32 [NB, BS, H, G]
+    float:       k f32 [NB, BS, H, D]           v f32 [NB, BS, H, D]
 
 A :class:`Sequence` is a block table plus the token ids it holds. Full blocks are
 content-addressed by a hash chain over the token ids before and in them; when a
@@ -42,25 +54,103 @@ import numpy as np
 
 from .errors import KVCacheFullError
 
-__all__ = ["KVCacheConfig", "KVPool", "KVStats", "LayerKV", "Sequence", "block_hash"]
+__all__ = [
+    "DEFAULT_KV",
+    "KV_LAYOUTS",
+    "KV_MODES",
+    "KVCacheConfig",
+    "KVLayout",
+    "KVPool",
+    "KVStats",
+    "LayerKV",
+    "Sequence",
+    "block_hash",
+]
 
-KV_MODES = ("int8", "float")
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How one token's K and V of one KV head are stored.
+
+    ``k_bits``: 8 (int8, one scale per token and head) or 32 (float32). ``v_bits``: 4
+    (symmetric int4, peak/-8), 5 (asymmetric int5, scale and min) or 32 (float32), in
+    groups of ``v_group`` along head_dim (head_dim itself when the group does not divide
+    it). ``scale_dtype``: the dtype of every scale and min. ``native``: the native kernels
+    implement it (else the native backend runs attention on numpy, with a typed reason).
+    """
+
+    name: str
+    k_bits: int
+    v_bits: int
+    v_group: int
+    scale_dtype: str
+    native: bool
+    summary: str
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_bits != 32
+
+    def group(self, head_dim: int, override: int | None = None) -> int:
+        """The V group used at ``head_dim``: the layout's (or ``override``) when it divides."""
+        g = override or self.v_group
+        return g if head_dim % g == 0 else head_dim
+
+    def arrays(self, h: int, d: int, v_group: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Shape and dtype of each array of one token slot (``H`` heads, ``D`` head_dim)."""
+        if not self.quantized:
+            return {"k": ((h, d), "float32"), "v": ((h, d), "float32")}
+        sd, g = self.scale_dtype, d // v_group
+        out = {"k": ((h, d), "int8"), "k_scales": ((h,), sd), "v": ((h, d // 2), "uint8")}
+        if self.v_bits == 5:
+            out["v_high"] = ((h, d // 8), "uint8")
+        out["v_scales"] = ((h, g), sd)
+        if self.v_bits == 5:
+            out["v_mins"] = ((h, g), sd)
+        return out
+
+    def bytes_per_token_layer(self, h: int, d: int, v_group: int | None = None) -> int:
+        g = self.group(d, v_group)
+        return sum(
+            int(np.prod(shape)) * np.dtype(dt).itemsize
+            for shape, dt in self.arrays(h, d, g).values()
+        )
+
+    def ratio_to_f16(self, h: int, d: int) -> float:
+        """Bytes per token against a float16 K/V cache (``2 * H * D * 2``)."""
+        return self.bytes_per_token_layer(h, d) / (2 * h * d * 2)
+
+
+KV_LAYOUTS: dict[str, KVLayout] = {
+    layout.name: layout
+    for layout in (
+        KVLayout("int8", 8, 5, 32, "float16", True, "K int8/token, V int5 asym g32 (f16 scales)"),
+        KVLayout("int8-legacy", 8, 4, 32, "float32", True, "K int8/token, V int4 sym g32 (f32)"),
+        KVLayout("float", 32, 32, 1, "float32", True, "K and V float32 (the reference)"),
+    )
+}
+KV_MODES = tuple(KV_LAYOUTS)
+DEFAULT_KV = "int8"
 
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    mode: str = "int8"
+    mode: str = DEFAULT_KV
     block_size: int = 16
     budget_bytes: int = 128 * 1024 * 1024
-    v_group: int = 32
+    v_group: int | None = None  # None: the layout's V group (bench/kv.py measures others)
 
     def __post_init__(self) -> None:
-        if self.mode not in KV_MODES:
+        if self.mode not in KV_LAYOUTS:
             raise ValueError(f"kv mode must be one of {KV_MODES}, got {self.mode!r}")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
-        if self.v_group < 2 or self.v_group % 2:
-            raise ValueError("v_group must be even and >= 2")
+        if self.v_group is not None and (self.v_group < 8 or self.v_group % 8):
+            raise ValueError("v_group must be a multiple of 8")
+
+    @property
+    def layout(self) -> KVLayout:
+        return KV_LAYOUTS[self.mode]
 
 
 @dataclass
@@ -73,7 +163,7 @@ class KVStats:
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's slice of the pool (views). ``k_scales``/``v_scales`` are None in float mode."""
+    """One layer's slice of the pool (views); arrays its layout does not have are None."""
 
     mode: str
     block_size: int
@@ -82,6 +172,12 @@ class LayerKV:
     v: np.ndarray
     k_scales: np.ndarray | None
     v_scales: np.ndarray | None
+    v_high: np.ndarray | None = None
+    v_mins: np.ndarray | None = None
+
+    @property
+    def layout(self) -> KVLayout:
+        return KV_LAYOUTS[self.mode]
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -109,33 +205,29 @@ class KVPool:
         salt: bytes = b"",
     ) -> None:
         cfg = config or KVCacheConfig()
-        v_group = cfg.v_group if head_dim % cfg.v_group == 0 else head_dim
-        if head_dim % 2:
-            raise ValueError("head_dim must be even")
+        layout = cfg.layout
+        v_group = layout.group(head_dim, cfg.v_group)
+        if head_dim % (8 if layout.v_bits == 5 else 2):
+            raise ValueError(f"head_dim {head_dim} does not fit the {layout.name!r} KV layout")
         self.config = cfg
+        self.layout = layout
         self.mode = cfg.mode
         self.block_size = bs = cfg.block_size
         self.v_group = v_group
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.root = hashlib.blake2b(salt + cfg.mode.encode(), digest_size=16).digest()
-        per_token_layer = self._bytes_per_token_layer(num_kv_heads, head_dim, v_group)
+        per_token_layer = layout.bytes_per_token_layer(num_kv_heads, head_dim, v_group)
         self.bytes_per_block = per_token_layer * bs * num_layers
         self.num_blocks = cfg.budget_bytes // self.bytes_per_block
         if self.num_blocks < 1:
             raise ValueError(
                 f"KV budget {cfg.budget_bytes} B is below one block ({self.bytes_per_block} B)"
             )
-        nb, h, d = self.num_blocks, num_kv_heads, head_dim
-        shape = (num_layers, nb, bs, h, d)
-        if cfg.mode == "int8":
-            self._k = _lazy_zeros(shape, np.int8)
-            self._ks = _lazy_zeros(shape[:-1], np.float32)
-            self._v = _lazy_zeros((*shape[:-1], d // 2), np.uint8)
-            self._vs = _lazy_zeros((*shape[:-1], d // v_group), np.float32)
-        else:
-            self._k = _lazy_zeros(shape, np.float32)
-            self._v = _lazy_zeros(shape, np.float32)
-            self._ks = self._vs = None
+        nb = self.num_blocks
+        self._arrays = {
+            name: _lazy_zeros((num_layers, nb, bs, *shape), np.dtype(dt))
+            for name, (shape, dt) in layout.arrays(num_kv_heads, head_dim, v_group).items()
+        }
         self.refcount = np.zeros(nb, np.int32)
         self._free = list(range(nb - 1, -1, -1))  # pop() hands out low ids first
         self._cache: dict[bytes, int] = {}  # chain hash -> block
@@ -143,21 +235,23 @@ class KVPool:
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced registered blocks
         self.stats = KVStats()
 
-    def _bytes_per_token_layer(self, h: int, d: int, v_group: int) -> int:
-        if self.mode == "float":
-            return 2 * h * d * 4
-        return h * d + h * 4 + h * d // 2 + h * (d // v_group) * 4
-
     # -- views ---------------------------------------------------------------------
     def layer(self, i: int) -> LayerKV:
+        a = self._arrays
+
+        def part(name: str) -> np.ndarray | None:
+            return a[name][i] if name in a else None
+
         return LayerKV(
             self.mode,
             self.block_size,
             self.v_group,
-            self._k[i],
-            self._v[i],
-            None if self._ks is None else self._ks[i],
-            None if self._vs is None else self._vs[i],
+            a["k"][i],
+            a["v"][i],
+            part("k_scales"),
+            part("v_scales"),
+            part("v_high"),
+            part("v_mins"),
         )
 
     # -- accounting ----------------------------------------------------------------
@@ -218,9 +312,8 @@ class KVPool:
     def copy_block(self, src: int) -> int:
         """A private copy of ``src`` (all layers); the caller then releases ``src``."""
         dst = self.allocate()
-        for arr in (self._k, self._v, self._ks, self._vs):
-            if arr is not None:
-                arr[:, dst] = arr[:, src]
+        for arr in self._arrays.values():
+            arr[:, dst] = arr[:, src]
         self.stats.cow_copies += 1
         return dst
 

@@ -1,4 +1,5 @@
-"""Why a layer's int8-activation result is recomputed on the float path.
+"""Why a layer's int8-activation result is recomputed on the float path, or (``KV_LAYOUT``)
+why the native backend runs a layer's attention on numpy instead.
 
 One enum for both backends: the native one is defined in native/src/infer/fallback.h and
 exported as ``_kernels.FALLBACK_REASONS`` (``{code: reason}``), which must equal this
@@ -23,6 +24,7 @@ class Fallback(str, enum.Enum):
     HEAD_INPUT = "activation scale overflow (head input)"
     NON_FINITE_KV = "non-finite K/V"
     NON_FINITE_OUTPUT = "non-finite layer output"
+    KV_LAYOUT = "KV cache layout not in the native kernels"  # the layer runs on numpy's
 
     def __str__(self) -> str:  # the reason, in logs and messages
         return self.value

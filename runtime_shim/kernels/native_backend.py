@@ -12,7 +12,7 @@ import numpy as np
 from edgepack.format import Encoding, codecs
 
 from ..errors import NumericError
-from ..kv_cache import LayerKV
+from ..kv_cache import KV_LAYOUTS, LayerKV
 from ..weights import LayerWeights, Linear
 from .fallback import Fallback, NativeGap
 from .interface import (
@@ -219,18 +219,21 @@ class NativeKernels(CompositeLayer):
     ) -> np.ndarray:
         windowed = window is not None and start + q.shape[0] > window
         plain = not windowed and scale is None and softcap is None
-        if "attend" in self.native_ops and plain and _native_kv(kv, q.shape[2]):
+        native = plain and _native_kv_shape(kv, q.shape[2]) and self._native_kv(kv)
+        if "attend" in self.native_ops and native:
             t, nh, hd = q.shape
             try:
+                high = getattr(kv, "v_high", None)  # the int5 V layout's extra planes
+                v5 = {} if high is None else {"v_high": high, "v_mins": kv.v_mins}
                 if t == 1:
                     out = self.mod.attention_decode(
                         _c32(q)[0], _c32(k)[0], _c32(v)[0], kv.k, kv.k_scales, kv.v,
-                        kv.v_scales, block_table, int(start),
+                        kv.v_scales, block_table, int(start), **v5,
                     )  # fmt: skip
                 else:
                     out = self.mod.attention_prefill(
                         _c32(q), _c32(k), _c32(v), kv.k, kv.k_scales, kv.v, kv.v_scales,
-                        block_table, int(start),
+                        block_table, int(start), **v5,
                     )  # fmt: skip
                 return out.reshape(t, nh * hd)
             except TypeError as exc:
@@ -238,22 +241,49 @@ class NativeKernels(CompositeLayer):
         return self.numpy.attend(q, k, v, kv, block_table, start, window, scale, softcap)
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
-        """The extension's whole layer when it has one, every weight is bound and the layer
-        needs nothing it lacks (:class:`NativeGap`, logged once each); else the shared
-        chain (:mod:`.layer`) over this backend's ops."""
-        if not ctx.inject_overflow and self._fused_layer and all(_bound(lin) for lin in lw.linears):
+        """The extension's whole layer when it has one, every weight is bound, the KV
+        layout is the native kernels' and the layer needs nothing they lack
+        (:class:`NativeGap`, logged once each); else the shared chain (:mod:`.layer`) over
+        this backend's ops."""
+        if (
+            not ctx.inject_overflow
+            and self._fused_layer
+            and self._native_kv(ctx.kv)
+            and all(_bound(lin) for lin in lw.linears)
+        ):
             gap = _native_gap(lw, ctx)
             if gap is None:
                 out, reason = self.mod.decoder_layer(lw, x, ctx)
-                return LayerResult(out, None if reason is None else Fallback(reason))
-            if gap not in self._warned:
+                if reason != Fallback.KV_LAYOUT.value:
+                    return LayerResult(out, None if reason is None else Fallback(reason))
+                self._kv_on_numpy(ctx.kv)
+            elif gap not in self._warned:
                 self._warned.add(gap)
                 _log.info("native whole layer not used: %s", gap)
         return super().decoder_layer(lw, x, ctx)
 
+    def _native_kv(self, kv: LayerKV) -> bool:
+        """The native attention implements this layer's KV layout (at V group 32)."""
+        layout = KV_LAYOUTS.get(kv.mode)
+        if kv.mode == "float" or (layout is not None and layout.native and kv.v_group == 32):
+            return True
+        self._kv_on_numpy(kv)
+        return False
 
-def _native_kv(kv: LayerKV, head_dim: int) -> bool:
-    """The native attention reads this cache: float, or K int8 / V int4 in groups of 32."""
+    def _kv_on_numpy(self, kv: LayerKV) -> None:
+        """Attention of ``kv`` runs on numpy from now on (one warning with the reason)."""
+        key = f"kv:{kv.mode}/{kv.v_group}"
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(
+                "%s (kv %s, V group %d): attention on numpy",
+                Fallback.KV_LAYOUT, kv.mode, kv.v_group,
+            )  # fmt: skip
+
+
+def _native_kv_shape(kv: LayerKV, head_dim: int) -> bool:
+    """The native attention reads this cache's shape: float, or quantized V in groups of 32
+    with a head_dim that is a multiple of 32 (the layout is :meth:`NativeKernels._native_kv`'s)."""
     return kv.mode == "float" or (kv.v_group == 32 and head_dim % 32 == 0)
 
 
@@ -268,7 +298,7 @@ def _native_gap(lw: LayerWeights, ctx: LayerContext) -> NativeGap | None:
         return NativeGap.ATTENTION_SCORES
     if lw.attn_post_norm is not None:
         return NativeGap.SANDWICH_NORMS
-    if not _native_kv(ctx.kv, ctx.head_dim):
+    if not _native_kv_shape(ctx.kv, ctx.head_dim):
         return NativeGap.KV_GROUP
     return None
 

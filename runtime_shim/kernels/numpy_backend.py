@@ -337,8 +337,13 @@ class NumpyKernels(CompositeLayer):
             kv.k[blk, off] = k
             kv.v[blk, off] = v
             return
-        kq, kd, ok_k = _quantize_k(k)
-        vq, vd, ok_v = _quantize_v(v, kv.v_group)
+        layout = kv.layout
+        sd = np.dtype(layout.scale_dtype)
+        kq, kd, ok_k = _quantize_k(k, sd)
+        if layout.v_bits == 5:
+            vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
+        else:
+            (vq, vd, ok_v), vhi, vm = _quantize_v(v, kv.v_group), None, None
         if not (ok_k and ok_v):
             raise NumericError(
                 "non-finite K/V cannot be quantized into the KV cache",
@@ -349,6 +354,9 @@ class NumpyKernels(CompositeLayer):
         kv.k_scales[blk, off] = kd
         kv.v[blk, off] = vq
         kv.v_scales[blk, off] = vd
+        if vhi is not None:
+            kv.v_high[blk, off] = vhi
+            kv.v_mins[blk, off] = vm
 
     def read_kv(
         self, kv: LayerKV, block_table: np.ndarray, n: int
@@ -356,24 +364,32 @@ class NumpyKernels(CompositeLayer):
         """Dequantized ``K, V: [n, kv_heads, head_dim]`` for cache positions ``0..n-1``."""
         nb = block_table.size
         bs = kv.block_size
+
+        def rows(a: np.ndarray) -> np.ndarray:  # cache positions 0..n-1 of one array
+            return a[block_table].reshape(nb * bs, *a.shape[2:])[:n]
+
         if kv.mode == "float":
-            k = kv.k[block_table].reshape(nb * bs, *kv.k.shape[2:])[:n]
-            v = kv.v[block_table].reshape(nb * bs, *kv.v.shape[2:])[:n]
-            return k, v
-        kc = kv.k[block_table].reshape(nb * bs, *kv.k.shape[2:])[:n]
-        ks = kv.k_scales[block_table].reshape(nb * bs, -1)[:n]
-        k = kc.astype(_F32)
-        k *= ks[:, :, None]
-        vc = kv.v[block_table].reshape(nb * bs, *kv.v.shape[2:])[:n]
-        vs = kv.v_scales[block_table].reshape(nb * bs, *kv.v_scales.shape[2:])[:n]
+            return rows(kv.k), rows(kv.v)
+        k = rows(kv.k).astype(_F32)
+        k *= rows(kv.k_scales).astype(_F32)[:, :, None]
+        vc = rows(kv.v)
         h, half = vc.shape[1], vc.shape[2]
         nib = np.empty((n, h, half, 2), np.uint8)
         np.bitwise_and(vc, 0x0F, out=nib[..., 0])
         np.right_shift(vc, 4, out=nib[..., 1])
         g = kv.v_group
-        v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
-        v -= _F32(8)
-        v *= vs[..., None]
+        vs = rows(kv.v_scales).astype(_F32)[..., None]
+        if kv.v_high is not None:  # int5: bit 4 from the bit plane, then c * d + m
+            nib.reshape(n, h, 2 * half)[:] |= (
+                np.unpackbits(rows(kv.v_high), axis=-1, bitorder="little") << 4
+            )
+            v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
+            v *= vs
+            v += rows(kv.v_mins).astype(_F32)[..., None]
+        else:
+            v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
+            v -= _F32(8)
+            v *= vs
         return k, v.reshape(n, h, 2 * half)
 
     def attention(
@@ -429,17 +445,18 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * (1.0 - poly * np.exp(-a * a))
 
 
-def _quantize_k(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def _quantize_k(k: np.ndarray, scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
+    """int8 per token and head; the scale is rounded to ``scale_dtype`` before use."""
     with np.errstate(all="ignore"):
         absmax = np.max(np.abs(k), axis=-1)
-        ok = bool(np.isfinite(absmax).all())
-        d = (absmax / _F32(127)).astype(_F32)
+        d = (absmax / _F32(127)).astype(scale_dtype).astype(_F32)
+        ok = bool(np.isfinite(absmax).all() and np.isfinite(d).all())
         inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
         q = k * inv[..., None]
         np.rint(q, out=q)
         np.clip(q, -127, 127, out=q)
         q = np.nan_to_num(q, nan=0.0)
-    return q.astype(np.int8), d, ok
+    return q.astype(np.int8), d.astype(scale_dtype), ok
 
 
 def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -459,3 +476,27 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
     packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
     return packed, scale, ok
 
+
+
+def _quantize_v5(
+    v: np.ndarray, group: int, scale_dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """int5 asymmetric per group: ``m = min``, ``d = (max - min)/31`` (both rounded to
+    ``scale_dtype`` first), ``c = clip(rint((v - m) * (1/d)), 0, 31)``. Returns the nibble
+    plane, the bit plane of bit 4, scales, mins and whether everything was finite."""
+    t, h, dim = v.shape
+    vg = v.reshape(t, h, dim // group, group)
+    with np.errstate(all="ignore"):
+        lo, hi = vg.min(axis=-1), vg.max(axis=-1)
+        m = lo.astype(scale_dtype).astype(_F32)
+        d = ((hi - m) / _F32(31)).astype(scale_dtype).astype(_F32)
+        ok = bool(np.isfinite(v).all() and np.isfinite(m).all() and np.isfinite(d).all())
+        inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
+        c = (vg - m[..., None]) * inv[..., None]
+        np.rint(c, out=c)
+        np.clip(c, 0, 31, out=c)
+        c = np.nan_to_num(c, nan=0.0)
+    codes = c.astype(np.uint8).reshape(t, h, dim)
+    packed = (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
+    high = np.packbits(codes >> 4, axis=-1, bitorder="little")
+    return packed, high, d.astype(scale_dtype), m.astype(scale_dtype), ok

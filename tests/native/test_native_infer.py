@@ -857,7 +857,7 @@ def make_layer(enc: str, lowrank_o: bool = False, bias: bool = False):
 
 def make_ctx(T: int, start: int, act: bool, float_kv: bool = False):
     cache = make_cache(np.float32, float_cache=float_kv)
-    kv = NS(mode="float" if float_kv else "int8", v_group=32, k=cache[0], k_scales=cache[1],
+    kv = NS(mode="float" if float_kv else "int8-legacy", v_group=32, k=cache[0], k_scales=cache[1],
             v=cache[2], v_scales=cache[3])  # fmt: skip
     pos = np.arange(start, start + T)
     cos, sin = k.rope_table(pos, D, theta=10000.0)

@@ -12,7 +12,8 @@ from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool, Sequence, bloc
 BS = 4
 
 
-def make_pool(blocks: int = 8, mode: str = "int8", layers: int = 2) -> KVPool:
+def make_pool(blocks: int = 8, mode: str = "int8-legacy", layers: int = 2) -> KVPool:
+    """(int8-legacy by default: its f32 scales give back the integer K/V these tests write.)"""
     probe = KVPool(layers, 2, 32, KVCacheConfig(mode=mode, block_size=BS, budget_bytes=1 << 30))
     budget = probe.bytes_per_block * blocks
     return KVPool(layers, 2, 32, KVCacheConfig(mode=mode, block_size=BS, budget_bytes=budget))
@@ -39,10 +40,16 @@ def read(seq: Sequence) -> np.ndarray:
 
 
 def test_budget_sets_block_count_and_bytes() -> None:
-    pool = make_pool(8)
+    pool = make_pool(8, mode="int8-legacy")
     assert pool.num_blocks == 8 and pool.capacity_tokens == 32
-    # int8: K 1 byte + V 0.5 byte per element, one f32 K scale per head, V scale per 32
+    # int8-legacy: K 1 byte + V 0.5 byte per element, one f32 K scale per head, V scale per 32
     per_token_layer = 2 * 32 + 2 * 4 + 2 * 16 + 2 * 1 * 4
+    assert pool.bytes_per_block == per_token_layer * BS * 2
+    pool = make_pool(8, mode="int8")
+    assert pool.num_blocks == 8 and pool.mode == "int8"
+    # int8 (default): K 1 byte + V 5 bits per element, f16 K scale per head, f16 V scale
+    # and min per 32
+    per_token_layer = 2 * 32 + 2 * 2 + 2 * (16 + 4) + 2 * 1 * (2 + 2)
     assert pool.bytes_per_block == per_token_layer * BS * 2
     fpool = make_pool(8, mode="float")
     assert fpool.bytes_per_block == 2 * 2 * 32 * 4 * BS * 2

@@ -629,7 +629,8 @@ py::array py_lowrank(const py::object& x_in, const Weight& u, const Weight& v, c
 }  // namespace
 
 KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
-                       const py::object& table_in, int64_t needed_positions) {
+                       const py::object& table_in, int64_t needed_positions, const py::object& vh,
+                       const py::object& vm) {
     KvHandle a;
     KvCache& kv = a.kv;
     py::array k = as_array(kc, "k_cache"), v = as_array(vc, "v_cache");
@@ -660,8 +661,32 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         need_shape(v, {NB, BS, H, D / 2}, "v_cache");
         if (ks.is_none() || vs.is_none()) value_error("a quantized KV cache needs k_scale and v_scale");
         py::array ksa = as_array(ks, "k_scale"), vsa = as_array(vs, "v_scale");
-        need_dtype(ksa, "float32", "k_scale");
+        kv.v5 = is(ksa, "float16");  // the int5-V layout ("int8"): K scales in float16
+        if (!kv.v5) need_dtype(ksa, "float32", "k_scale");
         need_shape(ksa, {NB, BS, H}, "k_scale");
+        if (kv.v5) {
+            if (vh.is_none() || vm.is_none()) value_error("a float16 k_scale (int5 V) needs v_high and v_mins");
+            if (!is(vsa, "float16")) type_error("the int5 V layout needs a float16 v_scale");
+            py::array vha = as_array(vh, "v_high"), vma = as_array(vm, "v_mins");
+            need_dtype(vha, "uint8", "v_high");
+            need_shape(vha, {NB, BS, H, D / 8}, "v_high");
+            need_dtype(vma, "float16", "v_mins");
+            need_shape(vma, {NB, BS, H, D / 32}, "v_mins");
+            for (const py::array& p : {vha, vma}) {
+                need_contig(p, "v_high / v_mins");
+                need_writeable(p, "v_high / v_mins");
+                for (const py::array& o : {k, v, ksa, vsa}) {
+                    if (overlap(p, o)) value_error("the KV cache arrays must not overlap");
+                }
+            }
+            if (overlap(vha, vma)) value_error("the KV cache arrays must not overlap");
+            kv.v_high = ptr<uint8_t>(vha);
+            kv.v_min = ptr<uint16_t>(vma);
+            a.keep.push_back(vha);
+            a.keep.push_back(vma);
+        } else if (!vh.is_none() || !vm.is_none()) {
+            value_error("v_high / v_mins go with a float16 k_scale (the int5 V layout)");
+        }
         need_contig(ksa, "k_scale");
         need_writeable(ksa, "k_scale");
         if (is(vsa, "float16")) {
@@ -682,7 +707,11 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         }
         kv.k = ptr<int8_t>(k);
         kv.v = ptr<uint8_t>(v);
-        kv.k_scale = ptr<float>(ksa);
+        if (kv.v5) {
+            kv.k_scale16 = ptr<uint16_t>(ksa);
+        } else {
+            kv.k_scale = ptr<float>(ksa);
+        }
         kv.v_scale = const_cast<void*>(vsa.data());
         a.keep.push_back(ksa);
         a.keep.push_back(vsa);
@@ -723,7 +752,8 @@ py::array thd(const py::object& o, const char* name, bool single) {
 
 py::array py_attention(const py::object& q_in, const py::object& k_in, const py::object& v_in, const py::object& kc,
                     const py::object& ks, const py::object& vc, const py::object& vs, const py::object& table,
-                    int64_t start, const py::object& scale_in, const py::object& out_in, bool decode, bool write_only) {
+                    int64_t start, const py::object& scale_in, const py::object& out_in, bool decode, bool write_only,
+                    const py::object& vh, const py::object& vm) {
     const char* op = write_only ? "kv_write" : decode ? "attention_decode" : "attention_prefill";
     if (start < 0) value_error("position must be >= 0");
     py::array k = thd(k_in, "k", decode), v = thd(v_in, "v", decode);
@@ -731,7 +761,7 @@ py::array py_attention(const py::object& q_in, const py::object& k_in, const py:
     const int64_t T = k.shape(0);
     if (T < 1) value_error("k must hold at least one token");
     if (decode && T != 1) value_error("attention_decode takes one token; use attention_prefill");
-    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, start + T);
+    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, start + T, vh, vm);
     const KvCache& kv = c.kv;
     const int64_t Hkv = kv.n_kv_heads, D = kv.head_dim;
     need_shape(k, {T, Hkv, D}, "k");
@@ -784,9 +814,9 @@ py::array py_attention(const py::object& q_in, const py::object& k_in, const py:
 }
 
 py::tuple py_kv_read(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
-                  const py::object& table, int64_t length) {
+                  const py::object& table, int64_t length, const py::object& vh, const py::object& vm) {
     if (length < 0) value_error("length must be >= 0");
-    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, length);
+    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, length, vh, vm);
     const int64_t H = c.kv.n_kv_heads, D = c.kv.head_dim;
     py::array k = new_array("float32", {length, H, D}), v = new_array("float32", {length, H, D});
     {
@@ -876,27 +906,33 @@ void bind_infer(py::module_& m) {
 
     m.def("kv_write",
           [](const py::object& k, const py::object& v, const py::object& kc, const py::object& ks, const py::object& vc,
-             const py::object& vs, const py::object& table, int64_t start) {
-              py_attention(py::none(), k, v, kc, ks, vc, vs, table, start, py::none(), py::none(), false, true);
+             const py::object& vs, const py::object& table, int64_t start, const py::object& vh, const py::object& vm) {
+              py_attention(py::none(), k, v, kc, ks, vc, vs, table, start, py::none(), py::none(), false, true, vh, vm);
           },
           py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
-          py::arg("v_scale"), py::arg("block_table"), py::arg("start_pos"));
+          py::arg("v_scale"), py::arg("block_table"), py::arg("start_pos"), py::kw_only(),
+          py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
     m.def("attention_decode",
           [](const py::object& q, const py::object& k, const py::object& v, const py::object& kc, const py::object& ks,
              const py::object& vc, const py::object& vs, const py::object& table, int64_t pos, const py::object& scale,
-             const py::object& out) { return py_attention(q, k, v, kc, ks, vc, vs, table, pos, scale, out, true, false); },
+             const py::object& out, const py::object& vh, const py::object& vm) {
+              return py_attention(q, k, v, kc, ks, vc, vs, table, pos, scale, out, true, false, vh, vm);
+          },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
           py::arg("v_scale"), py::arg("block_table"), py::arg("pos"), py::kw_only(), py::arg("scale") = py::none(),
-          py::arg("out") = py::none());
+          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
     m.def("attention_prefill",
           [](const py::object& q, const py::object& k, const py::object& v, const py::object& kc, const py::object& ks,
              const py::object& vc, const py::object& vs, const py::object& table, int64_t start, const py::object& scale,
-             const py::object& out) { return py_attention(q, k, v, kc, ks, vc, vs, table, start, scale, out, false, false); },
+             const py::object& out, const py::object& vh, const py::object& vm) {
+              return py_attention(q, k, v, kc, ks, vc, vs, table, start, scale, out, false, false, vh, vm);
+          },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
           py::arg("v_scale"), py::arg("block_table"), py::arg("start_pos"), py::kw_only(), py::arg("scale") = py::none(),
-          py::arg("out") = py::none());
+          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
     m.def("kv_read", &py_kv_read, py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"), py::arg("v_scale"),
-          py::arg("block_table"), py::arg("length"));
+          py::arg("block_table"), py::arg("length"), py::kw_only(), py::arg("v_high") = py::none(),
+          py::arg("v_mins") = py::none());
 
     bind_layer(m);
 }

@@ -1,4 +1,5 @@
-// Why a decoder layer's int8-activation result is recomputed with float activations.
+// Why a decoder layer's int8-activation result is recomputed with float activations, or
+// (kv_layout) why the native layer cannot run it at all and the caller runs its own chain.
 //
 // The one definition of the fallback reasons: exported to Python as
 // _kernels.FALLBACK_REASONS ({code: reason}); edgepack.runtime_shim.kernels.Fallback is its
@@ -20,11 +21,13 @@ enum class Fallback : int32_t {
     head_input = 5,         // ... the final norm's output (head input; Python only)
     non_finite_kv = 6,      // K/V to be written to the cache are not finite
     non_finite_output = 7,  // the layer output is not finite (the output is kept)
+    kv_layout = 8,          // the KV cache layout is not one the native kernels implement
 };
 
 constexpr Fallback kFallbacks[] = {
     Fallback::attention_input, Fallback::attention_output, Fallback::ffn_input, Fallback::ffn_hidden,
     Fallback::head_input,      Fallback::non_finite_kv,    Fallback::non_finite_output,
+    Fallback::kv_layout,
 };
 
 inline const char* fallback_reason(Fallback f) {
@@ -37,6 +40,7 @@ inline const char* fallback_reason(Fallback f) {
         case Fallback::head_input: return "activation scale overflow (head input)";
         case Fallback::non_finite_kv: return "non-finite K/V";
         case Fallback::non_finite_output: return "non-finite layer output";
+        case Fallback::kv_layout: return "KV cache layout not in the native kernels";
     }
     return "";
 }

@@ -150,19 +150,29 @@ inline float sum16(const float* x, int64_t n) {
 // d = amax / 127, inv = 1/d (0 if d == 0), q = clip(rint(x * inv), -127, 127), except that
 // 0 * inf (inv overflowing for a subnormal d) is defined as 0.  False on NaN/Inf.
 template <class V>
+inline void quant_with(const float* x, int64_t n, float d, int8_t* q);
+
+template <class V>
 inline bool quant_group(const float* x, int64_t n, int8_t* q, float* s) {
     const uint32_t bits = V::max_abs_bits(x, n);
     if (bits >= kNonFinite) return false;
     const float d = bits_f32(bits) / 127.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     *s = d;
+    quant_with<V>(x, n, d, q);
+    return true;
+}
+
+// q = clip(rint(x * (1/d)), -127, 127) for a given scale d (finite x).
+template <class V>
+inline void quant_with(const float* x, int64_t n, float d, int8_t* q) {
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     if ((f32_bits(inv) & 0x7fffffffu) == kNonFinite) {
         for (int64_t i = 0; i < n; ++i) {
             const float y = x[i] * inv;
             q[i] = y != y ? int8_t{0} : static_cast<int8_t>(y > 0 ? 127 : -127);
             if (x[i] == 0.0f) q[i] = 0;
         }
-        return true;
+        return;
     }
     const typename V::T vi = V::set1(inv), lo = V::set1(-127.0f), hi = V::set1(127.0f);
     int64_t i = 0;
@@ -171,7 +181,6 @@ inline bool quant_group(const float* x, int64_t n, int8_t* q, float* s) {
         V::store_i8(q + i, V::round(y));
     }
     for (; i < n; ++i) VS::store_i8(q + i, VS::round(VS::min(VS::max(x[i] * inv, -127.0f), 127.0f)));
-    return true;
 }
 
 inline int64_t first_bad(const float* x, int64_t n) {
@@ -362,6 +371,58 @@ inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* 
     return true;
 }
 
+// Layout "int8" (v5): K scale d = f16(amax / 127) (then q as quant_with); V group of 32:
+// m = f16(min), d = f16((max - m) / 31), c = clip(rint((v - m) * (1/d)), 0, 31) (1/d = 0
+// when d == 0), low nibble of c in the nibble plane, bit 4 in the bit plane.
+inline float k16_scale_f32(const float* k, int64_t D) { return bits_f32(VS::max_abs_bits(k, D)) / 127.0f; }
+
+inline void v5_group_range(const float* v, float* lo, float* hi) {
+    float a = v[0], b = v[0];
+    for (int i = 1; i < 32; ++i) {
+        a = v[i] < a ? v[i] : a;
+        b = v[i] > b ? v[i] : b;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+// True when a float16 K scale or V5 scale / min of this token and head would overflow.
+inline bool v5_overflows(const float* k, const float* v, int64_t D) {
+    if (f16_is_inf(f32_to_f16(k16_scale_f32(k, D)))) return true;
+    for (int64_t g = 0; g < D / 32; ++g) {
+        float lo, hi;
+        v5_group_range(v + g * 32, &lo, &hi);
+        const uint16_t m16 = f32_to_f16(lo);
+        if (f16_is_inf(m16) || f16_is_inf(f32_to_f16((hi - f16_to_f32(m16)) / 31.0f))) return true;
+    }
+    return false;
+}
+
+inline void quant_v5_group(const float* v, uint8_t* nib, uint8_t* high, uint16_t* d16, uint16_t* m16) {
+    float lo, hi;
+    v5_group_range(v, &lo, &hi);
+    *m16 = f32_to_f16(lo);
+    const float m = f16_to_f32(*m16);
+    *d16 = f32_to_f16((hi - m) / 31.0f);
+    const float d = f16_to_f32(*d16);
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t c[32];
+    for (int i = 0; i < 32; ++i) {
+        c[i] = static_cast<uint8_t>(VS::round(VS::min(VS::max((v[i] - m) * inv, 0.0f), 31.0f)));
+    }
+    for (int i = 0; i < 16; ++i) nib[i] = static_cast<uint8_t>((c[2 * i] & 15) | ((c[2 * i + 1] & 15) << 4));
+    for (int j = 0; j < 4; ++j) {
+        uint8_t b = 0;
+        for (int i = 0; i < 8; ++i) b = static_cast<uint8_t>(b | ((c[8 * j + i] >> 4) << i));
+        high[j] = b;
+    }
+}
+
+// Element i of a V5 row's group as c - 8 (nib32 gives nib - 8): add 16 * bit.
+inline void v5_high_bits(const uint8_t* high, float* row32) {
+    for (int i = 0; i < 32; ++i) row32[i] = row32[i] + static_cast<float>(((high[i / 8] >> (i % 8)) & 1) * 16 + 8);
+}
+
 template <class V>
 Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride, const float* v,
                 int64_t vstride) {
@@ -383,6 +444,21 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
         return {};
     }
     const int64_t G = D / 32;
+    if (kv.v5) {
+        for (int64_t h = 0; h < H; ++h) {
+            if (v5_overflows(k + h * kstride, v + h * vstride, D)) return {Status::scale_overflow, h, 0};
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t idx = kv.index(pos, h);
+            kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
+            quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
+            for (int64_t g = 0; g < G; ++g) {
+                quant_v5_group(v + h * vstride + g * 32, kv.v + idx * (D / 2) + g * 16, kv.v_high + idx * (D / 8) + g * 4,
+                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
+            }
+        }
+        return {};
+    }
     if (kv.v_scale_f16) {  // the only failure left: a V scale beyond float16 range
         for (int64_t h = 0; h < H; ++h) {
             for (int64_t g = 0; g < G; ++g) {
@@ -451,6 +527,14 @@ inline void axpy_row(float* out, float a, const float* v, int64_t D) {
     for (int64_t i = nv; i < D; ++i) out[i] = out[i] + a * v[i];
 }
 
+template <class V>
+inline void add_const(float* out, float a, int64_t n) {
+    const typename V::T va = V::set1(a);
+    const int64_t nv = n / V::W * V::W;
+    for (int64_t i = 0; i < nv; i += V::W) V::store(out + i, V::add(V::load(out + i), va));
+    for (int64_t i = nv; i < n; ++i) out[i] = out[i] + a;
+}
+
 // Tile of queries (see AttnTile): lengths L_j = L0 + j / per are nondecreasing in j, so
 // the queries that see position p are those with j >= first_active(p).
 inline int64_t first_active(const AttnTile& t, int64_t p) { return p < t.L0 ? 0 : (p - t.L0 + 1) * t.per; }
@@ -484,6 +568,19 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
                 V::nib32(vq + g * 16, row + g * 32);
                 const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
                                                : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                if (kv.v5) {  // out += (e d) c + e m
+                    v5_high_bits(kv.v_high + idx * (D / 8) + g * 4, row + g * 32);
+                    const float mn = V::h2f(kv.v_min[idx * G + g]);
+                    for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
+                        float* ot = t.out + tt * t.ostride + g * 32;
+                        for (int64_t r = 0; r < t.per; ++r, ++j) {
+                            const float e = sc[j * Lmax + p];
+                            axpy_row<V>(ot + r * D, e * d, row + g * 32, 32);
+                            add_const<V>(ot + r * D, e * mn, 32);
+                        }
+                    }
+                    continue;
+                }
                 for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
                     float* ot = t.out + tt * t.ostride + g * 32;
                     for (int64_t r = 0; r < t.per; ++r, ++j) axpy_row<V>(ot + r * D, sc[j * Lmax + p] * d, row + g * 32, 32);
@@ -539,7 +636,7 @@ inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, flo
         for (int w = 0; w < W; ++w) {
             const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
             idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized ? kv.k_scale[idx[w]] : 1.0f;
+            ks[w] = kv.quantized ? kv.kscale(idx[w]) : 1.0f;
         }
         for (int w = 0; w < W; ++w) {
             if (kv.quantized) {
@@ -598,7 +695,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
             const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
             if (kv.quantized && t.nq == 1) {  // convert in registers (same floats)
                 const float dot = dot16<V>(t.q, kv.k + idx * D, D, [](const int8_t* x) { return V::load_i8(x); });
-                sc[p] = (dot * kv.k_scale[idx]) * t.scale;
+                sc[p] = (dot * kv.kscale(idx)) * t.scale;
                 continue;
             }
             const float* kr;
@@ -609,7 +706,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
                 for (; i + V::W <= D; i += V::W) V::store(row + i, V::load_i8(kq + i));
                 for (; i < D; ++i) row[i] = static_cast<float>(kq[i]);
                 kr = row;
-                ks = kv.k_scale[idx];
+                ks = kv.kscale(idx);
             } else {
                 kr = kv.kf + idx * D;
             }
@@ -635,9 +732,9 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         float* o = tile_out(t, j, D);
         for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
     }
-    if (t.nq == 1 && kv.quantized && D == 64) {
+    if (t.nq == 1 && kv.quantized && !kv.v5 && D == 64) {
         attn_v_regs<V, 64>(kv, head, Lmax, sc, t.out, row);
-    } else if (t.nq == 1 && kv.quantized && D == 128) {
+    } else if (t.nq == 1 && kv.quantized && !kv.v5 && D == 128) {
         attn_v_regs<V, 128>(kv, head, Lmax, sc, t.out, row);
     } else {
         attn_v_mem<V>(kv, head, t, sc, Lmax, row);

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "../encodings.h"  // WEnc: the weight encodings, generated from the registry
+#include "../fp16.h"
 #include "../kernels.h"
 
 namespace edgepack {
@@ -78,11 +79,19 @@ struct ActF32 {
 //   quantized: k int8 [NB, BS, H, D], k_scale f32 [NB, BS, H],
 //              v u8 [NB, BS, H, D/2] (low nibble = even d), v_scale f16|f32 [NB, BS, H, D/32]
 //              k = q * k_scale; v = (nib - 8) * v_scale (group 32 along D)
+//   v5 (layout "int8"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
+//              v_high u8 [NB, BS, H, D/8] (bit 4 of element i = bit i % 8 of byte i / 8),
+//              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
+//              c = nib + 16 * bit (0..31)
 //   float:     kf, vf f32 [NB, BS, H, D]
 struct KvCache {
     int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
     bool quantized = true;
     bool v_scale_f16 = true;
+    bool v5 = false;
+    uint16_t* k_scale16 = nullptr;  // v5: K scales in float16 (k_scale unused)
+    uint8_t* v_high = nullptr;
+    uint16_t* v_min = nullptr;
     int8_t* k = nullptr;
     float* k_scale = nullptr;
     uint8_t* v = nullptr;
@@ -91,6 +100,8 @@ struct KvCache {
     float* vf = nullptr;
     const int32_t* table = nullptr;  // validated: every entry used is in [0, n_blocks)
     int64_t table_len = 0;
+
+    float kscale(int64_t idx) const { return k_scale16 != nullptr ? f16_to_f32(k_scale16[idx]) : k_scale[idx]; }
 
     int64_t index(int64_t pos, int64_t head) const {
         const int64_t blk = table[pos / block_size];

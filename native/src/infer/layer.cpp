@@ -407,11 +407,15 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     // KV cache (validated by the same code as attention_prefill)
     const py::object kvo = get(ctx, "kv");
     const std::string mode = get(kvo, "mode").cast<std::string>();
-    if (mode != "float" && get(kvo, "v_group").cast<int64_t>() != 32) {
-        throw py::type_error("decoder_layer: the native KV cache needs V group 32 (or float mode)");
+    // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
+    // anything else is the caller's to run, said with a typed reason, never approximated.
+    const bool v5 = mode == "int8";
+    if (mode != "float" && !((v5 || mode == "int8-legacy") && get(kvo, "v_group").cast<int64_t>() == 32 && a.hd % 32 == 0)) {
+        return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
     }
     KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 get(ctx, "block_table"), a.start + a.T);
+                                 get(ctx, "block_table"), a.start + a.T, v5 ? get(kvo, "v_high") : py::none(),
+                                 v5 ? get(kvo, "v_mins") : py::none());
     a.kv = kvh.kv;
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
     // weights

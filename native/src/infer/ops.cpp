@@ -199,7 +199,13 @@ Result kv_append(const KvCache& kv, const AttnArgs& a) {
             if (VS::max_abs_bits(vr, D) >= kNonFinite) return {Status::non_finite, t, H + h};
         }
     }
-    if (kv.quantized && kv.v_scale_f16) {
+    if (kv.v5) {
+        for (int64_t t = 0; t < a.T; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D)) return {Status::scale_overflow, t, h};
+            }
+        }
+    } else if (kv.quantized && kv.v_scale_f16) {
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t h = 0; h < H; ++h) {
                 for (int64_t g = 0; g < D / 32; ++g) {
@@ -311,12 +317,21 @@ void kv_read(const KvCache& kv, int64_t L, float* k, float* v) {
                 std::copy(kv.vf + idx * D, kv.vf + (idx + 1) * D, vo);
                 continue;
             }
-            for (int64_t i = 0; i < D; ++i) ko[i] = static_cast<float>(kv.k[idx * D + i]) * kv.k_scale[idx];
+            for (int64_t i = 0; i < D; ++i) ko[i] = static_cast<float>(kv.k[idx * D + i]) * kv.kscale(idx);
             const uint8_t* vq = kv.v + idx * (D / 2);
             for (int64_t g = 0; g < G; ++g) {
                 const float d = kv.v_scale_f16
                                     ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
                                     : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                if (kv.v5) {
+                    const float mn = f16_to_f32(kv.v_min[idx * G + g]);
+                    for (int i = 0; i < 32; ++i) {
+                        const int nib = (vq[g * 16 + i / 2] >> (4 * (i % 2))) & 0x0f;
+                        const int bit = (kv.v_high[idx * (D / 8) + g * 4 + i / 8] >> (i % 8)) & 1;
+                        vo[g * 32 + i] = static_cast<float>(nib + 16 * bit) * d + mn;
+                    }
+                    continue;
+                }
                 for (int i = 0; i < 16; ++i) {
                     const uint8_t b = vq[g * 16 + i];
                     vo[g * 32 + 2 * i] = static_cast<float>((b & 0x0f) - 8) * d;
