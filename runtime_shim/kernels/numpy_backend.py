@@ -20,6 +20,7 @@ from edgepack.format import Encoding, codecs
 from ..errors import KernelStatus, NumericError
 from ..kv_cache import LayerKV
 from ..weights import Linear
+from .activations import gelu
 from .interface import ACT_SCALE_MAX, QuantizedActivations
 from .layer import CompositeLayer
 
@@ -133,14 +134,9 @@ class NumpyKernels(CompositeLayer):
         """``act(gate) * up`` for the non-SiLU activations of ``config_table.ACTIVATIONS``."""
         if act == "relu":
             return np.maximum(gate, _F32(0)) * up
-        g = gate.astype(np.float64)
-        if act == "gelu":
-            y = 0.5 * g * (1.0 + _erf(g * _SQRT_HALF))
-        elif act == "gelu_tanh":
-            y = 0.5 * g * (1.0 + np.tanh(_SQRT_2_PI * (g + 0.044715 * g * g * g)))
-        else:
-            raise ValueError(f"unknown activation {act!r}")
-        return y.astype(_F32) * up
+        if act in ("gelu", "gelu_tanh"):
+            return gelu(gate, tanh=act == "gelu_tanh") * up
+        raise ValueError(f"unknown activation {act!r}")
 
     def rope(
         self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray
@@ -429,20 +425,6 @@ class NumpyKernels(CompositeLayer):
         return np.ascontiguousarray(
             out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, nh * hd)
         )
-
-
-_SQRT_HALF = float(np.sqrt(0.5))
-_SQRT_2_PI = float(np.sqrt(2.0 / np.pi))
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf in float64 (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7: below float32's
-    resolution of GELU's output); numpy has none and scipy is not a runtime dependency."""
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (-1.453152027 + t * 1.061405429)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + poly)))
-    return np.sign(x) * (1.0 - poly * np.exp(-a * a))
 
 
 def _quantize_k(k: np.ndarray, scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
