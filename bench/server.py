@@ -113,13 +113,14 @@ def free_port() -> int:
 def make_store(work: Path, size_mb: int, url: str | None = None) -> dict[str, Any]:
     from pkgfactory import build_package, make_key, replace_header
 
-    from edgepack.format import Package
+    from edgepack.format import Package, SectionKind
     from edgepack.server.releases.keys import KeyRing
     from edgepack.server.releases.metadata import RepoPolicy
     from edgepack.server.releases.repository import ReleaseRepository
     from edgepack.server.store import open_store
 
     pkgs = {}
+    pad_kind = int(SectionKind.PREFIX_KV_CACHE)  # a kind that may be large (format.constants)
     for version, pad in (("1.0.0", 1), ("1.1.0", size_mb)):
         path = work / f"tiny-{version}.epk"
         build_package(
@@ -127,7 +128,7 @@ def make_store(work: Path, size_mb: int, url: str | None = None) -> dict[str, An
             key=False,
             min_runtime_version="0.2.0",
             required_operators=tuple(OPS.items()),
-            extra_sections=[(8, "pad", os.urandom(pad * 1000 * 1000), False)],
+            extra_sections=[(pad_kind, "pad", os.urandom(pad * 1000 * 1000), False)],
         )
         with Package.open(path) as pkg:
             header = pkg.header
