@@ -102,6 +102,7 @@ class Updater:
         self._check: UpdateCheckResult | None = None
         self._downloaded: Path | None = None
         self.bytes_downloaded = 0
+        self.last_error: Exception | None = None  # what made the last run fail
 
     # -- public API ------------------------------------------------------------------------
     def check(self) -> UpdateCheckResult:
@@ -195,7 +196,7 @@ class Updater:
                 reason=str(e).splitlines()[0] if str(e) else type(e).__name__,
                 error=type(e).__name__,
             )
-            self._last_error = e
+            self.last_error = e
             if self.on_failed is not None:
                 self.on_failed(result)
             return result
