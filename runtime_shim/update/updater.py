@@ -107,6 +107,7 @@ class Updater:
     # -- public API ------------------------------------------------------------------------
     def check(self) -> UpdateCheckResult:
         """Refresh TUF metadata and get a verified plan (``plan == "none"``: nothing)."""
+        self._downloaded, self.bytes_downloaded, self.last_error = None, 0, None  # a new run
         self.slots.create()
         self._recover()
         journal = self.slots.load()

@@ -15,7 +15,7 @@ pytest.importorskip("tuf")
 pytest.importorskip("fastapi")
 
 import test_update_client as client
-from test_update_client import active_bytes, publish_and_wait, updater
+from test_update_client import active_bytes, make_pkg, publish_and_wait, updater
 
 from edgepack.runtime_shim.update import (
     DownloadError,
@@ -116,6 +116,21 @@ def test_latest_waits_for_the_newest(fresh: dict[str, Any]) -> None:
     with open_with_policy(fresh["slots"], "latest", u, threads=1) as model:
         assert version_of(model) == "1.1.0"
     assert active_bytes(fresh["slots"]) == fresh["v2"].read_bytes()
+
+
+def test_one_updater_serves_many_runs(fresh: dict[str, Any]) -> None:
+    """An app keeps one updater: each run starts clean (no download of the last run)."""
+    seen = Delivered()
+    u = updater(fresh, fresh["slots"], **seen.callbacks())
+    for pkg in (fresh["v2"], make_pkg(fresh["slots"].parent, "1.2.0")):
+        publish_and_wait(fresh, pkg)
+        with open_with_policy(fresh["slots"], "latest", u, threads=1):
+            pass
+        run = seen.completed[-1]
+        assert run.result == "updated" and run.plan == "delta", run
+        assert not run.fell_back_to_full and 0 < run.bytes_downloaded < run.full_bytes // 10
+        assert u.check_and_apply().bytes_downloaded == 0
+    assert not seen.failed and active_bytes(fresh["slots"]) == pkg.read_bytes()
 
 
 def test_latest_raises_when_the_update_fails(fresh: dict[str, Any]) -> None:
