@@ -55,6 +55,7 @@ def update_in_background(updater: Updater) -> threading.Thread:
     """Run ``updater.check_and_apply()`` in a daemon thread (results via its callbacks).
 
     The update writes only the inactive slot, so models already open keep serving.
+    An updater does one run at a time: do not start another before this one reports.
     """
     thread = threading.Thread(
         target=updater.check_and_apply, name="edgepack-update", daemon=True
