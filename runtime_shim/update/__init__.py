@@ -10,6 +10,7 @@ an update runs; the server is never imported.
                       device_id="device-42", channel="stable", model="chat")
     result = updater.check_and_apply()       # result.result: updated, up_to_date, ...
     model = edgepack.runtime_shim.open_slot("/data/model")
+    model = open_with_policy("/data/model", "local_then_update", updater)  # see .policy
 """
 
 from .config import UpdateConfig
@@ -22,6 +23,8 @@ from .errors import (
     InsufficientStorageError,
     MetadataError,
     MetadataSignatureError,
+    MixAndMatchError,
+    NotInstalledError,
     RollbackError,
     SlotError,
     SlowRetrievalError,
@@ -30,10 +33,12 @@ from .errors import (
     UpdateError,
 )
 from .plan import UpdateCheckResult
+from .policy import POLICIES, open_with_policy, update_in_background
 from .slots import SlotDir, open_slot
 from .updater import Updater, UpdateResult
 
 __all__ = [
+    "POLICIES",
     "DownloadError",
     "DownloadHTTPError",
     "DownloadLengthError",
@@ -42,6 +47,8 @@ __all__ = [
     "InsufficientStorageError",
     "MetadataError",
     "MetadataSignatureError",
+    "MixAndMatchError",
+    "NotInstalledError",
     "RollbackError",
     "SlotDir",
     "SlotError",
@@ -54,4 +61,6 @@ __all__ = [
     "UpdateResult",
     "Updater",
     "open_slot",
+    "open_with_policy",
+    "update_in_background",
 ]

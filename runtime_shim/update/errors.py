@@ -19,6 +19,8 @@ __all__ = [
     "InsufficientStorageError",
     "MetadataError",
     "MetadataSignatureError",
+    "MixAndMatchError",
+    "NotInstalledError",
     "RollbackError",
     "SlotError",
     "SlowRetrievalError",
@@ -46,6 +48,11 @@ class ExpiredMetadataError(MetadataError, SignatureError):
 
 class RollbackError(MetadataError, SignatureError):
     """Metadata or a release older than what this device already trusts."""
+
+
+class MixAndMatchError(RollbackError):
+    """Metadata that is not the version the signed snapshot names: a targets file
+    replayed from another snapshot (mix-and-match)."""
 
 
 class UnsafeTargetError(MetadataError, SignatureError):
@@ -95,3 +102,7 @@ class HealthCheckError(UpdateError):
 
 class SlotError(UpdateError):
     """The slot directory is unusable: no trusted root yet, or a damaged journal."""
+
+
+class NotInstalledError(SlotError):
+    """No model is installed in the slot directory yet: run an update first."""

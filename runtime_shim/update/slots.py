@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .durable import write_json_durably
-from .errors import SlotError
+from .errors import NotInstalledError, SlotError
 
 __all__ = ["SLOTS", "STATES", "Journal", "SlotDir", "open_slot"]
 
@@ -123,7 +123,10 @@ class SlotDir:
     def active_model(self) -> Path:
         journal = self.load()
         if journal.active is None:
-            raise SlotError(f"{self.root}: no model installed yet")
+            raise NotInstalledError(
+                f"{self.root}: no model installed yet; update first (policy 'latest' or "
+                "`edgepack update`)"
+            )
         return self.model_path(journal.active)
 
 

@@ -15,7 +15,7 @@ from tuf.api import exceptions as tuf_exc
 from tuf.ngclient import Updater as TufUpdater
 
 from .config import UpdateConfig
-from .errors import SlotError
+from .errors import MixAndMatchError, SlotError
 from .fetcher import RangeFetcher
 from .tuf_errors import map_tuf_error
 
@@ -40,6 +40,7 @@ def refresh(
         bootstrap = (
             trusted_root if isinstance(trusted_root, bytes) else Path(trusted_root).read_bytes()
         )
+    tuf = None
     try:
         tuf = TufUpdater(
             str(metadata_dir),
@@ -52,7 +53,7 @@ def refresh(
         )
         tuf.refresh()
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError, ValueError, OSError) as e:
-        raise map_tuf_error(e) from e
+        raise _refresh_error(tuf, e) from e
     return tuf
 
 
@@ -60,7 +61,28 @@ def targetinfo(tuf: TufUpdater, path: str):  # -> tuf TargetFile | None
     try:
         return tuf.get_targetinfo(path)
     except (tuf_exc.RepositoryError, tuf_exc.DownloadError) as e:
-        raise map_tuf_error(e) from e
+        raise _refresh_error(tuf, e) from e
+
+
+def _refresh_error(tuf: TufUpdater | None, exc: BaseException) -> Exception:
+    """``map_tuf_error``, except that a targets role whose version or hash is not what
+    the trusted snapshot names is a mix-and-match: python-tuf raises the same
+    exceptions for it as for a rollback, so the phase tells them apart (the snapshot
+    the timestamp names is already trusted, so only a targets role can have failed)."""
+    mismatch = (tuf_exc.BadVersionNumberError, tuf_exc.LengthOrHashMismatchError)
+    if isinstance(exc, mismatch) and tuf is not None and _snapshot_is_current(tuf):
+        return MixAndMatchError(
+            f"targets metadata not from the trusted snapshot (mix-and-match): {exc}"
+        )
+    return map_tuf_error(exc)
+
+
+def _snapshot_is_current(tuf: TufUpdater) -> bool:
+    trusted = tuf._trusted_set
+    try:
+        return trusted.snapshot.version == trusted.timestamp.snapshot_meta.version
+    except KeyError:
+        return False
 
 
 def target_url(tuf: TufUpdater, info, base_url: str) -> str:

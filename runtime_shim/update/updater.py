@@ -102,10 +102,12 @@ class Updater:
         self._check: UpdateCheckResult | None = None
         self._downloaded: Path | None = None
         self.bytes_downloaded = 0
+        self.last_error: Exception | None = None  # what made the last run fail
 
     # -- public API ------------------------------------------------------------------------
     def check(self) -> UpdateCheckResult:
         """Refresh TUF metadata and get a verified plan (``plan == "none"``: nothing)."""
+        self._downloaded, self.bytes_downloaded, self.last_error = None, 0, None  # a new run
         self.slots.create()
         self._recover()
         journal = self.slots.load()
@@ -195,7 +197,7 @@ class Updater:
                 reason=str(e).splitlines()[0] if str(e) else type(e).__name__,
                 error=type(e).__name__,
             )
-            self._last_error = e
+            self.last_error = e
             if self.on_failed is not None:
                 self.on_failed(result)
             return result

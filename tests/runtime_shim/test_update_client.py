@@ -31,6 +31,7 @@ from edgepack.packager.importers.synthetic import write_hf_llama
 from edgepack.runtime_shim.update import (
     ExpiredMetadataError,
     MetadataSignatureError,
+    MixAndMatchError,
     RollbackError,
     UnsafeTargetError,
     UpdateConfig,
@@ -211,6 +212,50 @@ def test_expired_timestamp_is_refused(fresh: dict[str, Any]) -> None:
     md.sign(signer)
     path.write_bytes(md.to_bytes())
     refused(fresh, ExpiredMetadataError)
+
+
+def resign(w: dict[str, Any], path: Path, role: str, edit: Any) -> bytes:
+    """``path``'s metadata after ``edit(signed)``, signed again by ``role``'s real key."""
+    from tuf.api.metadata import Metadata
+
+    md = Metadata.from_bytes(path.read_bytes())
+    edit(md.signed)
+    root = Metadata.from_bytes((path.parent / "root.json").read_bytes()).signed
+    md.signatures.clear()
+    md.sign(KeyRing(w["store"].parent / "keys").signers_for(root, role)[0])
+    path.write_bytes(md.to_bytes())
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("snapshot_pins_hashes", [True, False])
+def test_targets_from_another_snapshot_are_refused(
+    fresh: dict[str, Any], snapshot_pins_hashes: bool
+) -> None:
+    """Mix-and-match: the newest snapshot, served with the targets file of an older one."""
+    from tuf.api.metadata import MetaFile
+
+    meta = fresh["store"] / "metadata"
+    publish_and_wait(fresh, fresh["v2"])
+    n = json.loads((meta / "timestamp.json").read_bytes())["signed"]["meta"]["snapshot.json"]
+    snapshot = meta / f"{n['version']}.snapshot.json"
+    t = json.loads(snapshot.read_bytes())["signed"]["meta"]["targets.json"]["version"]
+    old_targets = (meta / f"{t - 1}.targets.json").read_bytes()  # what the last snapshot signed
+    if not snapshot_pins_hashes:  # only the version then says which targets belong
+        data = resign(fresh, snapshot, "snapshot",
+                      lambda s: s.meta.__setitem__("targets.json", MetaFile(version=t)))
+
+        def point_at_snapshot(ts: Any) -> None:
+            ts.version += 1
+            ts.snapshot_meta = MetaFile(
+                version=n["version"], length=len(data),
+                hashes={"sha256": hashlib.sha256(data).hexdigest()},
+            )
+
+        resign(fresh, meta / "timestamp.json", "timestamp", point_at_snapshot)
+    (meta / f"{t}.targets.json").write_bytes(old_targets)
+    refused(fresh, MixAndMatchError)
+    result = updater(fresh, fresh["slots"]).check_and_apply()
+    assert result.result == "failed" and result.error == "MixAndMatchError", result
 
 
 def test_nan_producing_update_rolls_back_by_itself(fresh: dict[str, Any]) -> None:
