@@ -21,6 +21,7 @@ __all__ = [
     "LazyHelpOption",
     "endpoint_option",
     "force_option",
+    "json_flag",
     "json_option",
     "json_requested",
     "kernels_option",
@@ -249,14 +250,22 @@ def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
 def json_option(what: str) -> Decorator:
     """``--json`` flag, passed as ``as_json``; on failure the command prints
     ``{"error": {"type", "message", "exit_code"}}`` on stdout (see :func:`edgepack.cli.main`)."""
-    return click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        is_eager=True,
-        callback=_note_json,
-        help=f"Print {what} as JSON (errors too).",
-    )
+    return click.option("--json", "as_json", **_json_settings(what))
+
+
+def json_flag(what: str) -> click.Option:
+    """The :func:`json_option` flag as an option object, for commands built elsewhere
+    (:func:`edgepack.cli.output.add_output_flags`)."""
+    return click.Option(["--json", "as_json"], **_json_settings(what))
+
+
+def _json_settings(what: str) -> dict[str, Any]:
+    return {
+        "is_flag": True,
+        "is_eager": True,
+        "callback": _note_json,
+        "help": f"Print {what} as JSON (errors too).",
+    }
 
 
 def unchecked_warning(what: str, keys: object, require_signature: bool) -> str | None:

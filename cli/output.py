@@ -1,0 +1,81 @@
+"""``--json`` and ``-q/--quiet`` on every command, added in one place (:func:`add_output_flags`).
+
+A command that declares ``as_json`` itself (with :func:`.options.json_option`) prints its
+own JSON document. For any other, ``--json`` captures what it would print on stdout and
+prints one document instead, ``{"command": ..., "output": [lines]}``, so every command
+answers in JSON on success as on error (errors: :func:`edgepack.cli.main`). ``-q``, like
+``grep -q``, prints nothing on stdout on success but a requested JSON document, and turns
+progress bars off (:data:`quiet_requested`); errors and warnings still go to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+import click
+
+from .options import json_flag
+
+__all__ = ["add_output_flags", "quiet_flag", "quiet_requested"]
+
+# Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
+quiet_requested: ContextVar[bool] = ContextVar("quiet_requested", default=False)
+
+
+def add_output_flags(command: click.Command) -> None:
+    """Give ``command`` (every leaf of a group) ``--json`` and ``-q`` where it lacks them."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            add_output_flags(sub)
+        return
+    if command.callback is None or getattr(command.callback, "_output_flags", False):
+        return
+    names = {p.name for p in command.params}
+    own_json, own_quiet = "as_json" in names, "quiet" in names
+    if not own_json:
+        command.params.append(json_flag("the result (its stdout lines) in one document"))
+    if not own_quiet:
+        command.params.append(quiet_flag())
+    command.callback = _wrap(command.callback, own_json, own_quiet)
+
+
+def quiet_flag() -> click.Option:
+    """``-q/--quiet``, passed as ``quiet``. A command that declares it itself (``run``:
+    the generated text is its result) decides what it still prints."""
+    return click.Option(
+        ["-q", "--quiet"],
+        is_flag=True,
+        help="No progress bars and nothing on stdout on success (but a --json document); "
+        "errors and warnings still print.",
+    )
+
+
+def _wrap(callback: Callable[..., Any], own_json: bool, own_quiet: bool) -> Callable[..., Any]:
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        as_json = kwargs["as_json"] if own_json else kwargs.pop("as_json")
+        quiet = kwargs["quiet"] if own_quiet else kwargs.pop("quiet")
+        token = quiet_requested.set(quiet or as_json)
+        try:
+            prints_own_document = own_json and as_json
+            silenced = (quiet and not own_quiet) or as_json
+            if prints_own_document or not silenced:
+                return callback(*args, **kwargs)
+            with contextlib.redirect_stdout(io.StringIO()) as captured:
+                rv = callback(*args, **kwargs)
+            if as_json:  # a command without a document of its own: its lines
+                name = click.get_current_context().command_path
+                document = {"command": name, "output": captured.getvalue().splitlines()}
+                click.echo(json.dumps(document))
+            return rv
+        finally:
+            quiet_requested.reset(token)
+
+    run._output_flags = True  # type: ignore[attr-defined]
+    return run
