@@ -33,6 +33,7 @@ __all__ = [
     "require_signature_option",
     "semver_value",
     "sign_key_option",
+    "signature_facts",
     "signature_summary",
     "store_option",
     "threads_option",
@@ -287,6 +288,14 @@ def signature_summary(report: object) -> str:
     if getattr(report, "signed", False):
         return "signed, signature not checked (no --trusted-key given)"
     return "unsigned"
+
+
+def signature_facts(report: object) -> dict[str, Any]:
+    """:func:`signature_summary` as ``--json`` facts."""
+    return {
+        "trusted_signers": list(getattr(report, "trusted_signers", ())),
+        "signed": bool(getattr(report, "signed", False)),
+    }
 
 
 def kernels_or_none(kernels: str) -> str | None:

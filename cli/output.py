@@ -2,8 +2,9 @@
 
 A command that declares ``as_json`` itself (with :func:`.options.json_option`) prints its
 own JSON document. For any other, ``--json`` captures what it would print on stdout and
-prints one document instead, ``{"command": ..., "output": [lines]}``, so every command
-answers in JSON on success as on error (errors: :func:`edgepack.cli.main`). ``-q``, like
+prints one document instead, ``{"command": ..., "output": [lines], "result": {...}}``
+(``result``: the facts the command gave :func:`record`: paths, sizes, versions), so every
+command answers in JSON on success as on error (errors: :func:`edgepack.cli.main`). ``-q``, like
 ``grep -q``, prints nothing on stdout on success but a requested JSON document, and turns
 progress bars off (:data:`quiet_requested`); errors and warnings still go to stderr.
 """
@@ -22,10 +23,19 @@ import click
 
 from .options import json_flag
 
-__all__ = ["add_output_flags", "quiet_flag", "quiet_requested"]
+__all__ = ["add_output_flags", "quiet_flag", "quiet_requested", "record"]
 
 # Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
 quiet_requested: ContextVar[bool] = ContextVar("quiet_requested", default=False)
+_facts: ContextVar[dict[str, Any] | None] = ContextVar("_facts", default=None)
+
+
+def record(**facts: Any) -> None:
+    """Add ``facts`` (JSON values) to the ``result`` of the ``--json`` document: what
+    the command's text line says, for a program to read without parsing it."""
+    current = _facts.get()
+    if current is not None:
+        current.update(facts)
 
 
 def add_output_flags(command: click.Command) -> None:
@@ -62,6 +72,7 @@ def _wrap(callback: Callable[..., Any], own_json: bool, own_quiet: bool) -> Call
         as_json = kwargs["as_json"] if own_json else kwargs.pop("as_json")
         quiet = kwargs["quiet"] if own_quiet else kwargs.pop("quiet")
         token = quiet_requested.set(quiet or as_json)
+        facts_token = _facts.set({})
         try:
             prints_own_document = own_json and as_json
             silenced = (quiet and not own_quiet) or as_json
@@ -71,10 +82,15 @@ def _wrap(callback: Callable[..., Any], own_json: bool, own_quiet: bool) -> Call
                 rv = callback(*args, **kwargs)
             if as_json:  # a command without a document of its own: its lines
                 name = click.get_current_context().command_path
-                document = {"command": name, "output": captured.getvalue().splitlines()}
-                click.echo(json.dumps(document))
+                lines = captured.getvalue().splitlines()
+                document = {"command": name, "output": lines, "result": _facts.get()}
+                if isinstance(rv, int) and rv:  # failed without raising (repo verify)
+                    message = f"{name} failed (exit {rv}); see result"
+                    document["error"] = {"type": "Failed", "message": message, "exit_code": rv}
+                click.echo(json.dumps(document, default=str))
             return rv
         finally:
+            _facts.reset(facts_token)
             quiet_requested.reset(token)
 
     run._output_flags = True  # type: ignore[attr-defined]
