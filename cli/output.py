@@ -15,6 +15,8 @@ import contextlib
 import functools
 import io
 import json
+import logging
+import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -23,7 +25,7 @@ import click
 
 from .options import json_flag
 
-__all__ = ["add_output_flags", "quiet_flag", "quiet_requested", "record"]
+__all__ = ["add_output_flags", "log_to_stderr", "quiet_flag", "quiet_requested", "record"]
 
 # Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
 quiet_requested: ContextVar[bool] = ContextVar("quiet_requested", default=False)
@@ -36,6 +38,19 @@ def record(**facts: Any) -> None:
     current = _facts.get()
     if current is not None:
         current.update(facts)
+
+
+def log_to_stderr(formatter: logging.Formatter, level: int) -> None:
+    """Send the ``edgepack`` logger's lines to the current stderr, replacing the handler
+    an earlier command of this process added (bound to a stderr that may be gone)."""
+    logger = logging.getLogger("edgepack")
+    for h in [h for h in logger.handlers if getattr(h, "_edgepack_cli", False)]:
+        logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    handler._edgepack_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(level)
 
 
 def add_output_flags(command: click.Command) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from typing import Any
 
 import click
 
 from .exit_codes import EXIT_CORRUPT, EXIT_OK
 from .options import endpoint_option, json_option, store_option, trusted_key_option
-from .output import record
+from .output import log_to_stderr, record
 
 _keys_option = click.option(
     "--keys-dir",
@@ -41,14 +40,7 @@ class _Formatter(logging.Formatter):
 def _setup_logging(verbose: bool) -> None:
     """Log lines of the release code to (the current) stderr: warnings always,
     every step with --verbose."""
-    logger = logging.getLogger("edgepack")
-    for h in [h for h in logger.handlers if getattr(h, "_edgepack_cli", False)]:
-        logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Formatter())
-    handler._edgepack_cli = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    log_to_stderr(_Formatter(), logging.INFO if verbose else logging.WARNING)
 
 
 def _open(store_url: str, endpoint_url: str | None, keys_dir: str | None, *, create: bool = False):

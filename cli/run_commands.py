@@ -23,6 +23,7 @@ from .options import (
     threshold_option,
     trusted_key_option,
 )
+from .output import log_to_stderr
 
 if TYPE_CHECKING:
     from edgepack.runtime_shim.stats import GenerationStats
@@ -41,14 +42,8 @@ def _stats_json(st: GenerationStats) -> dict[str, Any]:
 
 
 def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
-    log = logging.getLogger("edgepack")
-    for h in [h for h in log.handlers if getattr(h, "_edgepack_run", False)]:
-        log.removeHandler(h)  # an earlier in-process run's, bound to an old stderr
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._edgepack_run = True  # type: ignore[attr-defined]
-    log.addHandler(handler)
-    log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    log_to_stderr(logging.Formatter("%(message)s"), level)
     logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it
 
 
