@@ -16,6 +16,7 @@ import functools
 import io
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -25,7 +26,10 @@ import click
 
 from .options import json_flag
 
-__all__ = ["add_output_flags", "log_to_stderr", "quiet_flag", "quiet_requested", "record"]
+__all__ = [
+    "add_output_flags",
+    "json_text",
+    "log_to_stderr", "quiet_flag", "quiet_requested", "record"]
 
 # Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
 quiet_requested: ContextVar[bool] = ContextVar("quiet_requested", default=False)
@@ -38,6 +42,22 @@ def record(**facts: Any) -> None:
     current = _facts.get()
     if current is not None:
         current.update(facts)
+
+
+def json_text(document: Any) -> str:
+    """``document`` as strict JSON: a non-finite float (an SNR of identical tensors) is
+    written as the string ``"inf"``/``"-inf"``/``"nan"``, never as bare ``Infinity``."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(document), default=str, allow_nan=False)
 
 
 def log_to_stderr(formatter: logging.Formatter, level: int) -> None:
@@ -102,7 +122,7 @@ def _wrap(callback: Callable[..., Any], own_json: bool, own_quiet: bool) -> Call
                 if isinstance(rv, int) and rv:  # failed without raising (repo verify)
                     message = f"{name} failed (exit {rv}); see result"
                     document["error"] = {"type": "Failed", "message": message, "exit_code": rv}
-                click.echo(json.dumps(document, default=str))
+                click.echo(json_text(document))
             return rv
         finally:
             _facts.reset(facts_token)

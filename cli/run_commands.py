@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from .options import (
     threshold_option,
     trusted_key_option,
 )
-from .output import log_to_stderr
+from .output import json_text, log_to_stderr, record
 
 if TYPE_CHECKING:
     from edgepack.runtime_shim.stats import GenerationStats
@@ -145,7 +144,7 @@ def run(
             stream = session.generate(prompt, max_tokens, **sampling)
         if as_json:
             text = "".join(stream)
-            click.echo(json.dumps({"text": text, "stats": _stats_json(session.stats)}))
+            click.echo(json_text({"text": text, "stats": _stats_json(session.stats)}))
             return
         out = click.get_text_stream("stdout")
         for piece in stream:
@@ -235,6 +234,12 @@ def compare(
         kernels=kernels_or_none(kernels),
         threads=threads,
         isolated=isolated,
+    )
+    record(
+        a={"package": package_a, "kv": kv_a, "activations": activations_a},
+        b={"package": package_b, "kv": kv_b, "activations": activations_b},
+        isolated=isolated,
+        **dataclasses.asdict(report),
     )
     click.echo(f"A = {package_a} (kv {kv_a}, activations {activations_a})")
     click.echo(f"B = {package_b} (kv {kv_b}, activations {activations_b})")

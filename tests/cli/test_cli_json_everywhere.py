@@ -181,6 +181,15 @@ def test_every_command_has_a_success_and_a_failure_case() -> None:
     assert set(FAILURE) == set(COMMANDS)
 
 
+def _strict(text: str) -> Any:
+    """``text`` parsed as strict JSON (no bare NaN / Infinity)."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _invoke(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str, str]:
     capsys.readouterr()
     code = main(args)
@@ -212,7 +221,7 @@ def test_success_prints_one_json_document(
     if command == "serve":  # a server prints nothing on stdout; its logs are on stderr
         assert out == ""
         return
-    document = json.loads(out)  # the whole of stdout: one document, nothing else
+    document = _strict(out)  # the whole of stdout: one document, nothing else
     assert isinstance(document, dict) and document.get("error") is None
 
 
@@ -251,6 +260,9 @@ def test_json_results_carry_the_facts(
     assert code == 0 and result["size"] == (tmp_path / "x.epk").stat().st_size
     code, out, _ = _invoke(capsys, [*SUCCESS["verify"](work, None, tmp_path), "--json"])
     assert json.loads(out)["result"]["trusted_signers"], out
+    code, out, _ = _invoke(capsys, [*SUCCESS["compare"](work, None, tmp_path), "--json"])
+    rows = _strict(out)["result"]["rows"]
+    assert code == 0 and {"name", "cosine", "snr_db"} <= set(rows[0])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -260,7 +272,7 @@ def test_failure_prints_the_json_error(
     make_args, expected = FAILURE[command]
     code, out, err = _invoke(capsys, [*make_args(work, tmp_path), "--json"])
     assert code == expected, (out, err)
-    error = json.loads(out)["error"]
+    error = _strict(out)["error"]
     assert error["exit_code"] == expected
     assert error["type"] and error["message"]
     assert "Traceback" not in err
