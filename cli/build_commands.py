@@ -19,7 +19,7 @@ from .options import (
     sign_key_option,
     threads_option,
 )
-from .output import record
+from .output import quiet_requested, record
 from .progress import progress_bars
 
 
@@ -145,8 +145,11 @@ def eval_command(
 
     body = Path(text).read_text(encoding="utf-8") if text else None
 
+    show_progress = not quiet_requested.get()  # -q or --json: no progress line
+
     def tick(i: int, n: int, ppl: float) -> None:
-        print(f"\r[{i}/{n}] PPL {ppl:.4f}", end="", file=sys.stderr, flush=True)
+        if show_progress:
+            print(f"\r[{i}/{n}] PPL {ppl:.4f}", end="", file=sys.stderr, flush=True)
 
     res = evaluate(
         package,
@@ -162,7 +165,8 @@ def eval_command(
         on_chunk=tick,
         ref_cache=ref_cache,
     )
-    print(file=sys.stderr)
+    if show_progress:
+        print(file=sys.stderr)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
     else:

@@ -225,13 +225,30 @@ def test_success_prints_one_json_document(
     assert isinstance(document, dict) and document.get("error") is None
 
 
-@pytest.mark.parametrize("command", ["keygen", "convert", "verify", "repo verify", "releases"])
-def test_quiet_success_prints_nothing_on_stdout(
-    command: str, work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+QUIET_CASES = [  # command, what its progress shows on stderr without -q
+    ("keygen", None),
+    ("convert", "converting"),
+    ("verify", "verifying"),
+    ("eval", "PPL"),
+    ("repo verify", None),
+    ("releases", None),
+]
+
+
+@pytest.mark.parametrize(("command", "progress"), QUIET_CASES)
+def test_quiet_success_prints_nothing_on_stdout_and_no_progress(
+    command: str, progress: str | None, work: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = _invoke(capsys, [*SUCCESS[command](work, None, tmp_path), "-q"])
+    args = SUCCESS[command](work, None, tmp_path)
+    if progress:  # the check can fail: without -q the progress is there
+        assert _invoke(capsys, args)[2].count(progress), command
+        (tmp_path / "again").mkdir()
+        args = SUCCESS[command](work, None, tmp_path / "again")
+    code, out, err = _invoke(capsys, [*args, "-q"])
     assert code == 0, err
     assert out == ""
+    assert not progress or progress not in err
 
 
 def test_quiet_run_prints_only_the_text(
