@@ -159,9 +159,10 @@ FAILURE: dict[str, Any] = {
     "serve": (lambda w, t: ["serve", "--store", str(w / "st"), "--port", "0"], EXIT_USAGE),
     "resign": (lambda w, t: ["resign", str(w / "corrupt.epk"), "-o", str(t / "r"),
                              "--sign-key", str(w / "k.key")], EXIT_CORRUPT),
-    "update": (lambda w, t: ["update", "--server", "http://127.0.0.1:9", "--slot-dir",
-                             str(t / "s"), "--device-id", "d", "--channel", "beta",
-                             "--trusted-root", str(t / "none.json")], EXIT_USAGE),
+    "update": (lambda w, t: ["update", "--server", "http://127.0.0.1:9", "--slot-dir",  # no
+                             str(t / "s"), "--device-id", "d", "--channel", "beta",  # --model
+                             "--trusted-root", str(w / "st" / "metadata" / "1.root.json")],
+               EXIT_FAILED),
     "tuf-client init": (lambda w, t: ["tuf-client", "init", str(w / "a.epk")], EXIT_USAGE),
     "tuf-client refresh": (lambda w, t: ["tuf-client", "--metadata-dir", str(t / "m"),
                                          "--metadata-url", "http://127.0.0.1:9/", "refresh"],
