@@ -38,7 +38,8 @@ _facts: ContextVar[dict[str, Any] | None] = ContextVar("_facts", default=None)
 
 def record(**facts: Any) -> None:
     """Add ``facts`` (JSON values) to the ``result`` of the ``--json`` document: what
-    the command's text line says, for a program to read without parsing it."""
+    the command's text line says, for a program to read without parsing it. A command
+    that fails by returning an exit code records ``error={"type", "message"}``."""
     current = _facts.get()
     if current is not None:
         current.update(facts)
@@ -117,11 +118,14 @@ def _wrap(callback: Callable[..., Any], own_json: bool, own_quiet: bool) -> Call
                 rv = callback(*args, **kwargs)
             if as_json:  # a command without a document of its own: its lines
                 name = click.get_current_context().command_path
+                facts = _facts.get() or {}
+                failure = facts.pop("error", {})  # what a command failing by its code said
                 lines = captured.getvalue().splitlines()
-                document = {"command": name, "output": lines, "result": _facts.get()}
+                document = {"command": name, "output": lines, "result": facts}
                 if isinstance(rv, int) and rv:  # failed without raising (repo verify)
-                    message = f"{name} failed (exit {rv}); see result"
-                    document["error"] = {"type": "Failed", "message": message, "exit_code": rv}
+                    message = f"{name} failed (exit {rv})"
+                    document["error"] = {"type": "Failed", "message": message, **failure,
+                                         "exit_code": rv}
                 click.echo(json_text(document))
             return rv
         finally:

@@ -288,6 +288,7 @@ def repo_verify(
     problems = rr.verify(deep=deep)
     record(store=rr.store.url, problems=list(problems), rollback_checked=checked)
     if problems:
+        record(error={"type": "RepositoryProblems", "message": "; ".join(problems)})
         click.echo(
             f"{len(problems)} problem(s) in {rr.store.url}: " + "; ".join(problems), err=True
         )

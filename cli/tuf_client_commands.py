@@ -126,8 +126,9 @@ def _run(step) -> int:
     except click.UsageError:
         raise
     except Exception as e:
-        print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr)
+        message = str(e).splitlines()[0] if str(e) else ""
+        record(error={"type": type(e).__name__, "message": message})
+        print(f"error: {type(e).__name__}: {message}", file=sys.stderr)
         return 1
     return 0
 

@@ -294,3 +294,22 @@ def test_failure_prints_the_json_error(
     assert error["exit_code"] == expected
     assert error["type"] and error["message"]
     assert "Traceback" not in err
+
+
+def test_failing_by_exit_code_still_prints_the_error_object(
+    work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`repo verify` reports problems by its exit code, not an exception."""
+    import shutil
+
+    shutil.copytree(work / "st", tmp_path / "st")
+    payloads = [p for p in (tmp_path / "st").rglob("*") if p.is_file() and p.suffix == ".epk"]
+    payloads += [p for p in (tmp_path / "st" / "objects").rglob("*") if p.is_file()]
+    assert payloads
+    for p in payloads:
+        p.unlink()
+    code, out, _ = _invoke(capsys, ["repo", "verify", "--store", str(tmp_path / "st"), "--json"])
+    document = _strict(out)
+    assert code == EXIT_CORRUPT == document["error"]["exit_code"]
+    assert document["error"]["type"] == "RepositoryProblems"
+    assert document["result"]["problems"]
