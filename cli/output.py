@@ -4,9 +4,10 @@ A command that declares ``as_json`` itself (with :func:`.options.json_option`) p
 own JSON document. For any other, ``--json`` captures what it would print on stdout and
 prints one document instead, ``{"command": ..., "output": [lines], "result": {...}}``
 (``result``: the facts the command gave :func:`record`: paths, sizes, versions), so every
-command answers in JSON on success as on error (errors: :func:`edgepack.cli.main`). ``-q``, like
-``grep -q``, prints nothing on stdout on success but a requested JSON document, and turns
-progress bars off (:data:`quiet_requested`); errors and warnings still go to stderr.
+command answers in JSON on success as on error (errors: :func:`edgepack.cli.main`).
+``-q``, like ``grep -q``, prints nothing on stdout on success but a requested JSON
+document, and turns progress bars off (:data:`quiet_requested`); errors and warnings
+still go to stderr. ``run`` and ``serve`` declare their own ``-q`` (see their help).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from .options import json_flag
 __all__ = [
     "add_output_flags",
     "json_text",
-    "log_to_stderr", "quiet_flag", "quiet_requested", "record"]
+    "log_to_stderr",
+    "quiet_flag",
+    "quiet_requested",
+    "record",
+]
 
 # Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
 quiet_requested: ContextVar[bool] = ContextVar("quiet_requested", default=False)
