@@ -10,6 +10,8 @@ from importlib import import_module
 
 import click
 
+from .output import add_output_flags
+
 __all__ = ["COMMAND_MODULES", "make_cli"]
 
 # Modules of this package defining a ``COMMANDS`` list, in the order `--help` lists them.
@@ -37,4 +39,5 @@ def make_cli() -> click.Group:
     for name in COMMAND_MODULES:
         for command in import_module(f".{name}", __package__).COMMANDS:
             cli.add_command(command)
+    add_output_flags(cli)
     return cli

@@ -19,6 +19,7 @@ from .options import (
     sign_key_option,
     threads_option,
 )
+from .output import quiet_requested, record
 from .progress import progress_bars
 
 
@@ -80,6 +81,24 @@ def build(
             model_version=model_version,
             min_runtime_version=min_runtime_version,
         )
+    record(
+        path=str(result.path),
+        size=result.nbytes,
+        params=result.params,
+        bits_per_weight=result.bpw,
+        target_size=result.target_size,
+        predicted_kl=result.predicted_kl,
+        measured_kl=result.measured_kl,
+        encodings={
+            label: {"tensors": n, "params": p}
+            for label, (n, p) in result.encoding_counts().items()
+        },
+        fallbacks=result.fallbacks,
+        phases_seconds=result.phases,
+        peak_rss_bytes=result.peak_rss,
+        report=str(result.report_path) if result.report_path else None,
+        plot=str(result.plot_path) if result.plot_path else None,
+    )
     for line in result.summary():
         click.echo(line)
     if result.report_path:
@@ -126,8 +145,11 @@ def eval_command(
 
     body = Path(text).read_text(encoding="utf-8") if text else None
 
+    show_progress = not quiet_requested.get()  # -q or --json: no progress line
+
     def tick(i: int, n: int, ppl: float) -> None:
-        print(f"\r[{i}/{n}] PPL {ppl:.4f}", end="", file=sys.stderr, flush=True)
+        if show_progress:
+            print(f"\r[{i}/{n}] PPL {ppl:.4f}", end="", file=sys.stderr, flush=True)
 
     res = evaluate(
         package,
@@ -143,7 +165,8 @@ def eval_command(
         on_chunk=tick,
         ref_cache=ref_cache,
     )
-    print(file=sys.stderr)
+    if show_progress:
+        print(file=sys.stderr)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
     else:
@@ -169,6 +192,7 @@ def profile_device(
     with progress_bars() as bar:
         table = profile(model=model, kernels=kern, threads=threads, repeats=repeats, progress=bar)
     table.save(out)
+    record(path=out, entries=len(table.entries), kernels=table.kernels, threads=table.threads)
     click.echo(
         f"wrote {out}: {len(table.entries)} entries ({table.kernels}, {table.threads} threads)"
     )

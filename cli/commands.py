@@ -18,11 +18,13 @@ from .options import (
     release_options,
     require_signature_option,
     sign_key_option,
+    signature_facts,
     signature_summary,
     threshold_option,
     trusted_key_option,
     unchecked_warning,
 )
+from .output import record
 from .progress import progress_bars
 
 
@@ -44,6 +46,7 @@ def keygen(name: str) -> None:
         check_output_path(path, overwrite=True)  # an existing key is refused below
     key_path, pub_path = generate_keypair(name)
     kid = key_id(load_public_key(pub_path)).hex()
+    record(private_key=str(key_path), public_key=str(pub_path), key_id=kid)
     click.echo(f"wrote {key_path} and {pub_path} (key id {kid[:16]})")
 
 
@@ -104,6 +107,14 @@ def convert(
         click.echo(f"note: {plan.name}: {plan.reason}", err=True)
     size = Path(out).stat().st_size
     by_enc = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(result.tensor_bytes.items()))
+    record(
+        path=out,
+        size=size,
+        tensors=len(result.plans),
+        tensor_bytes=dict(result.tensor_bytes),
+        signatures=len(keys),
+        fallbacks={plan.name: plan.reason for plan in result.fallbacks},
+    )
     click.echo(
         f"wrote {out}: {size:,} bytes, {len(result.plans)} tensors ({by_enc})"
         + (f", signed by {len(keys)} key(s)" if keys else ", unsigned")
@@ -160,6 +171,14 @@ def verify(
         if not verdict:
             raise IncompatiblePackageError(verdict.summary(), verdict)
     sig = signature_summary(report)
+    record(
+        path=package,
+        tensors_checked=report.tensors_checked,
+        sections_checked=report.sections_checked,
+        bytes_hashed=report.bytes_hashed,
+        **signature_facts(report),
+        compatible=True,
+    )
     click.echo(
         f"OK {package}: {report.tensors_checked} tensors, {report.sections_checked} "
         f"sections, {report.bytes_hashed:,} bytes hashed; {sig}; compatible with this "
@@ -184,7 +203,9 @@ def fetch_sample(name: str, cache: str | None) -> None:
 
     cache_dir = Path(cache) if cache else sample_models.default_cache_dir()
     fetch = {"smollm2": sample_models.fetch_smollm2, "minilm": sample_models.fetch_minilm}[name]
-    click.echo(str(fetch(cache_dir)))
+    path = fetch(cache_dir)
+    record(path=str(path))
+    click.echo(str(path))
 
 
 

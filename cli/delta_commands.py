@@ -17,11 +17,13 @@ from .options import (
     output_option,
     require_signature_option,
     sign_key_option,
+    signature_facts,
     signature_summary,
     threshold_option,
     trusted_key_option,
     unchecked_warning,
 )
+from .output import record
 
 
 @click.command()
@@ -51,6 +53,16 @@ def diff(
     )
     seconds = time.perf_counter() - start
     new_size = Path(new).stat().st_size
+    record(
+        path=out,
+        size=stats.size,
+        new_size=new_size,
+        ops=stats.ops,
+        copied_bytes=stats.copied,
+        coded_bytes=stats.coded,
+        seconds=seconds,
+        signatures=len(keys),
+    )
     click.echo(
         f"wrote {out}: {stats.size:,} bytes ({100 * stats.size / max(new_size, 1):.2f}% of NEW), "
         f"{stats.ops} ops, {stats.copied:,} bytes copied, {stats.coded:,} coded, "
@@ -84,6 +96,12 @@ def patch(
     report = apply_delta(old, delta, out, trusted_keys=keys, threshold=threshold)
     seconds = time.perf_counter() - start
     sig = signature_summary(report)
+    record(
+        path=out,
+        size=report.target_size,
+        seconds=seconds,
+        **signature_facts(report),
+    )
     click.echo(
         f"wrote {out}: {report.target_size:,} bytes, verified (SHA-256) in {seconds:.1f} s; {sig}"
     )

@@ -21,6 +21,7 @@ __all__ = [
     "LazyHelpOption",
     "endpoint_option",
     "force_option",
+    "json_flag",
     "json_option",
     "json_requested",
     "kernels_option",
@@ -32,6 +33,7 @@ __all__ = [
     "require_signature_option",
     "semver_value",
     "sign_key_option",
+    "signature_facts",
     "signature_summary",
     "store_option",
     "threads_option",
@@ -249,14 +251,22 @@ def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
 def json_option(what: str) -> Decorator:
     """``--json`` flag, passed as ``as_json``; on failure the command prints
     ``{"error": {"type", "message", "exit_code"}}`` on stdout (see :func:`edgepack.cli.main`)."""
-    return click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        is_eager=True,
-        callback=_note_json,
-        help=f"Print {what} as JSON (errors too).",
-    )
+    return click.option("--json", "as_json", **_json_settings(what))
+
+
+def json_flag(what: str) -> click.Option:
+    """The :func:`json_option` flag as an option object, for commands built elsewhere
+    (:func:`edgepack.cli.output.add_output_flags`)."""
+    return click.Option(["--json", "as_json"], **_json_settings(what))
+
+
+def _json_settings(what: str) -> dict[str, Any]:
+    return {
+        "is_flag": True,
+        "is_eager": True,
+        "callback": _note_json,
+        "help": f"Print {what} as JSON (errors too).",
+    }
 
 
 def unchecked_warning(what: str, keys: object, require_signature: bool) -> str | None:
@@ -278,6 +288,14 @@ def signature_summary(report: object) -> str:
     if getattr(report, "signed", False):
         return "signed, signature not checked (no --trusted-key given)"
     return "unsigned"
+
+
+def signature_facts(report: object) -> dict[str, Any]:
+    """:func:`signature_summary` as ``--json`` facts."""
+    return {
+        "trusted_signers": list(getattr(report, "trusted_signers", ())),
+        "signed": bool(getattr(report, "signed", False)),
+    }
 
 
 def kernels_or_none(kernels: str) -> str | None:

@@ -86,10 +86,15 @@ def _columns(counting: Counting) -> list[Any]:
 def progress_bars(description: str = "", counting: Counting = "steps") -> Iterator[ProgressBars]:
     """Bars on stderr for the ``with`` body. Byte bars vanish when done on a terminal;
     phase bars stay as a record of where the time went."""
+    from .output import quiet_requested
+
     try:
         from rich.console import Console
         from rich.progress import Progress
     except ImportError:
+        yield ProgressBars(None, description)
+        return
+    if quiet_requested.get():  # -q or --json: nothing but the result and errors
         yield ProgressBars(None, description)
         return
     console = Console(stderr=True)

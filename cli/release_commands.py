@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from typing import Any
 
 import click
 
 from .exit_codes import EXIT_CORRUPT, EXIT_OK
 from .options import endpoint_option, json_option, store_option, trusted_key_option
+from .output import log_to_stderr, record
 
 _keys_option = click.option(
     "--keys-dir",
@@ -40,14 +40,7 @@ class _Formatter(logging.Formatter):
 def _setup_logging(verbose: bool) -> None:
     """Log lines of the release code to (the current) stderr: warnings always,
     every step with --verbose."""
-    logger = logging.getLogger("edgepack")
-    for h in [h for h in logger.handlers if getattr(h, "_edgepack_cli", False)]:
-        logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Formatter())
-    handler._edgepack_cli = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    log_to_stderr(_Formatter(), logging.INFO if verbose else logging.WARNING)
 
 
 def _open(store_url: str, endpoint_url: str | None, keys_dir: str | None, *, create: bool = False):
@@ -198,6 +191,15 @@ def repo_init(
     )
     rr = _open(store_url, endpoint_url, keys_dir, create=True)
     state = rr.init(root_keys=root_keys, root_threshold=root_threshold, policy=policy)
+    record(
+        store=rr.store.url,
+        root_version=state.root.version,
+        root_keys=root_keys,
+        root_threshold=root_threshold,
+        keys_dir=keys_dir,
+        package_keys=sorted(pkeys),
+        package_threshold=package_threshold if pkeys else None,
+    )
     signed = (
         f"packages must be signed by {package_threshold} of {len(pkeys)} key(s)"
         if pkeys
@@ -223,7 +225,9 @@ def repo_rotate_key(
     _setup_logging(verbose)
     rr = _open(store_url, endpoint_url, keys_dir)
     root = rr.rotate_key(role)
-    ids = ", ".join(k[:16] for k in root.roles[role].keyids)
+    keyids = list(root.roles[role].keyids)
+    ids = ", ".join(k[:16] for k in keyids)
+    record(store=rr.store.url, role=role, root_version=root.version, key_ids=keyids)
     click.echo(f"rotated {role} key(s) in {rr.store.url}: root v{root.version}, new key(s) {ids}")
     return EXIT_OK
 
@@ -241,6 +245,7 @@ def repo_renew_root(store_url: str, endpoint_url: str | None, keys_dir: str, ver
     rr = _open(store_url, endpoint_url, keys_dir)
     root = rr.renew_root()
     expires = format_time(root.expires)
+    record(store=rr.store.url, root_version=root.version, expires=expires)
     click.echo(f"renewed the root of {rr.store.url}: v{root.version}, expires {expires}")
     return EXIT_OK
 
@@ -259,6 +264,7 @@ def repo_refresh(
     _setup_logging(verbose)
     rr = _open(store_url, endpoint_url, keys_dir)
     versions = rr.refresh(force=force)
+    record(store=rr.store.url, versions=dict(versions))
     click.echo(f"refreshed {rr.store.url}: {_versions(versions)}")
     return EXIT_OK
 
@@ -280,7 +286,9 @@ def repo_verify(
     rr = _open(store_url, endpoint_url, keys_dir if Path(keys_dir).is_dir() else None)
     checked = rr.keys is not None and rr.has_trusted_state()
     problems = rr.verify(deep=deep)
+    record(store=rr.store.url, problems=list(problems), rollback_checked=checked)
     if problems:
+        record(error={"type": "RepositoryProblems", "message": "; ".join(problems)})
         click.echo(
             f"{len(problems)} problem(s) in {rr.store.url}: " + "; ".join(problems), err=True
         )
@@ -324,6 +332,15 @@ def repo_gc(
     for info in report.unreferenced:
         click.echo(f"{'deleted' if delete else 'unreferenced'} {info.key} {_fmt_size(info.size)}")
     verb = "deleted" if delete else "reclaimable (pass --delete)"
+    record(
+        store=rr.store.url,
+        deleted=delete,
+        unreferenced=[{"key": i.key, "size": i.size} for i in report.unreferenced],
+        reclaimable_bytes=report.reclaimable_bytes,
+        referenced=report.referenced,
+        metadata_versions=report.metadata_versions,
+        young=len(report.young),
+    )
     click.echo(
         f"{rr.store.url}: {len(report.unreferenced)} unreferenced object(s), "
         f"{_fmt_size(report.reclaimable_bytes)} {verb}; {report.referenced} referenced by "
@@ -384,6 +401,7 @@ def publish(
         package, channel, rollout=rollout, delta_count=delta_count, trusted_keys=keys, model=model
     )
     rel = result.release
+    record(release=rel.to_json(), uploaded=result.uploaded, versions=dict(result.versions))
     click.echo(
         f"published {rel.model} {rel.version} on {rel.channel} ({_fmt_pct(rel.rollout_percent)}"
         f" rollout): {rel.length:,} bytes, sha256 {rel.sha256[:16]}, "
@@ -423,6 +441,7 @@ def promote(
     rr = _open(store_url, endpoint_url, keys_dir)
     result = rr.promote(version, channel, rollout=rollout, model=model)
     rel = result.release
+    record(release=rel.to_json(), changed=result.changed, versions=dict(result.versions))
     if not result.changed:
         click.echo(
             f"{rel.model} {rel.version} is already on {rel.channel} at "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .options import model_name_value, output_option, semver_value, sign_key_option
+from .output import record
 
 
 @click.command()
@@ -40,6 +41,13 @@ def resign(
         raise click.UsageError("give at least one --sign-key: resign writes a new signature")
     keys = [load_private_key(k) for k in sign_keys]
     result = run_resign(package, out, signing_keys=keys, name=model_name, version=model_version)
+    record(
+        path=out,
+        name=result.identity.name,
+        version=result.identity.version,
+        signatures=result.signatures,
+        data_moved=result.data_moved,
+    )
     where = "data moved to make room" if result.data_moved else "data region unchanged"
     click.echo(
         f"wrote {out}: {result.identity.name} {result.identity.version}, signed by "

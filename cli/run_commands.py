@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .options import (
     ACTIVATIONS_CHOICE,
     KV_CHOICE,
+    json_option,
     kernels_option,
     kernels_or_none,
     kv_default,
@@ -19,17 +22,27 @@ from .options import (
     threshold_option,
     trusted_key_option,
 )
+from .output import json_text, log_to_stderr, record
+
+if TYPE_CHECKING:
+    from edgepack.runtime_shim.stats import GenerationStats
 
 
-def _log_to_stderr(verbose: bool) -> None:
-    log = logging.getLogger("edgepack")
-    for h in [h for h in log.handlers if getattr(h, "_edgepack_run", False)]:
-        log.removeHandler(h)  # an earlier in-process run's, bound to an old stderr
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._edgepack_run = True  # type: ignore[attr-defined]
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+def _stats_json(st: GenerationStats) -> dict[str, Any]:
+    """The statistics text ``run`` prints, as JSON: the counters and the derived rates."""
+    from edgepack.runtime_shim.stats import peak_rss_bytes
+
+    return {
+        **dataclasses.asdict(st),
+        "prefill_tokens_per_s": st.prefill_tokens_per_s,
+        "decode_tokens_per_s": st.decode_tokens_per_s,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    log_to_stderr(logging.Formatter("%(message)s"), level)
     logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it
 
 
@@ -75,6 +88,10 @@ def _log_to_stderr(verbose: bool) -> None:
 @threshold_option
 @require_signature_option
 @click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
+@json_option("the generated text and the statistics, one object at the end")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only the generated text: no statistics or logs."
+)
 def run(
     package: str,
     prompt: str,
@@ -94,12 +111,15 @@ def run(
     threshold: int,
     require_signature: bool,
     verbose: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
-    """Generate text from PACKAGE, streaming it; statistics go to stderr at the end."""
+    """Generate text from PACKAGE, streaming it; statistics go to stderr at the end
+    (--json: nothing streams; one object with the text and the statistics)."""
     from edgepack import runtime_shim
     from edgepack.runtime_shim.stats import peak_rss_bytes
 
-    _log_to_stderr(verbose)
+    _log_to_stderr(verbose, quiet)
     if prompt == "-":
         prompt = sys.stdin.read()
     model = runtime_shim.open(
@@ -122,12 +142,18 @@ def run(
             stream = session.chat(messages, max_tokens, **sampling)
         else:
             stream = session.generate(prompt, max_tokens, **sampling)
+        if as_json:
+            text = "".join(stream)
+            click.echo(json_text({"text": text, "stats": _stats_json(session.stats)}))
+            return
         out = click.get_text_stream("stdout")
         for piece in stream:
             out.write(piece)
             out.flush()
         out.write("\n")
         st = session.stats
+        if quiet:
+            return
         click.echo(
             f"--\n{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
             f"{st.generated_tokens} generated ({st.finish_reason})\n"
@@ -208,6 +234,12 @@ def compare(
         kernels=kernels_or_none(kernels),
         threads=threads,
         isolated=isolated,
+    )
+    record(
+        a={"package": package_a, "kv": kv_a, "activations": activations_a},
+        b={"package": package_b, "kv": kv_b, "activations": activations_b},
+        isolated=isolated,
+        **dataclasses.asdict(report),
     )
     click.echo(f"A = {package_a} (kv {kv_a}, activations {activations_a})")
     click.echo(f"B = {package_b} (kv {kv_b}, activations {activations_b})")

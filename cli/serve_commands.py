@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import endpoint_option, store_option
+from .options import endpoint_option, json_option, store_option
 
 
 @click.command()
@@ -41,6 +41,10 @@ from .options import endpoint_option, store_option
     "--log-level", default="info", show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@json_option("a failure to start (stdout has nothing else; the access log on stderr is JSON lines)")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Log only warnings and errors (--log-level warning)."
+)
 def serve(
     store_url: str,
     endpoint_url: str | None,
@@ -53,6 +57,8 @@ def serve(
     no_on_demand_deltas: bool,
     delta_wait_seconds: float,
     log_level: str,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Serve update checks, TUF metadata and payloads from the release store.
 
@@ -76,7 +82,8 @@ def serve(
         on_demand_deltas=not no_on_demand_deltas,
         delta_wait_seconds=delta_wait_seconds,
     )
-    run(config, host=host, port=port, workers=workers, log_level=log_level)
+    level = "warning" if quiet and log_level in ("debug", "info") else log_level
+    run(config, host=host, port=port, workers=workers, log_level=level)
 
 
 COMMANDS = [serve]

@@ -12,6 +12,8 @@ from urllib.parse import quote
 
 import click
 
+from .output import record
+
 
 @click.group("tuf-client")
 @click.option(
@@ -41,6 +43,7 @@ def init(obj: dict, trusted_root: str) -> int:
     meta = _metadata_dir(obj)
     meta.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(trusted_root, meta / "root.json")
+    record(root=str(meta / "root.json"))
     return 0
 
 
@@ -48,7 +51,7 @@ def init(obj: dict, trusted_root: str) -> int:
 @click.pass_obj
 def refresh(obj: dict) -> int:
     """Update the top-level metadata (stored as root.json, timestamp.json, ...)."""
-    return _run(lambda: _refresh(obj))
+    return _run(lambda: (_refresh(obj), _record_metadata(obj)))
 
 
 @tuf_client.command()
@@ -56,7 +59,12 @@ def refresh(obj: dict) -> int:
 def download(obj: dict) -> int:
     """Refresh, then fetch each --target-name into --target-dir, in order (skipping
     those already there with matching hashes)."""
-    return _run(lambda: _download(obj))
+    return _run(lambda: (_download(obj), _record_metadata(obj)))
+
+
+def _record_metadata(obj: dict) -> None:
+    """The ``--json`` facts: which metadata files are trusted now."""
+    record(metadata=sorted(p.name for p in _metadata_dir(obj).glob("*.json")))
 
 
 def _refresh(obj: dict):
@@ -83,11 +91,14 @@ def _download(obj: dict) -> None:
     tuf, fetcher, config = _refresh(obj)
     target_dir = Path(obj["target_dir"])
     target_dir.mkdir(parents=True, exist_ok=True)
+    targets: list[str] = []  # in --target-name order, fetched or already there
     for name in obj["target_names"]:
         info = targetinfo(tuf, name)
         if info is None:
             raise UnsafeTargetError(f"target {name} is not in the signed metadata")
         dest = target_dir / quote(info.path, "")
+        targets.append(str(dest))
+        record(targets=targets)
         if dest.exists() and _matches(info, dest):
             continue
         url = target_url(tuf, info, obj["target_base_url"])
@@ -115,8 +126,9 @@ def _run(step) -> int:
     except click.UsageError:
         raise
     except Exception as e:
-        print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr)
+        message = str(e).splitlines()[0] if str(e) else ""
+        record(error={"type": type(e).__name__, "message": message})
+        print(f"error: {type(e).__name__}: {message}", file=sys.stderr)
         return 1
     return 0
 

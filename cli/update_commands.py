@@ -8,6 +8,7 @@ import json
 
 import click
 
+from .exit_codes import EXIT_FAILED
 from .options import json_option, trusted_key_option
 
 
@@ -46,15 +47,21 @@ def update(
         model=model, package_keys=list(trusted_keys) or None,
     )
     result = updater.check_and_apply()
+    code = 0 if result.result in ("updated", "up_to_date") else EXIT_FAILED
     if as_json:
-        click.echo(json.dumps(result.to_json(), sort_keys=True))
+        document = result.to_json()
+        if code:  # the error object every command prints on failure (edgepack.cli.main)
+            message = result.reason or result.result
+            document["error"] = {"type": result.error or "UpdateFailed", "message": message,
+                                 "exit_code": code}
+        click.echo(json.dumps(document, sort_keys=True))
     else:
         click.echo(
             f"{result.result}: plan {result.plan}, version {result.version}, "
             f"{result.bytes_downloaded} of {result.full_bytes} bytes downloaded"
             + (f" ({result.reason})" if result.reason else "")
         )
-    return 0 if result.result in ("updated", "up_to_date") else 1
+    return code
 
 
 COMMANDS = [update]

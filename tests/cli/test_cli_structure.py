@@ -15,7 +15,9 @@ import edgepack.cli
 from edgepack.cli.app import COMMAND_MODULES, make_cli
 
 CLI_DIR = Path(edgepack.cli.__file__).parent
-SHARED = ("out", "sign_keys", "trusted_keys", "threshold", "kernels", "threads", "as_json")
+SHARED = (
+    "out", "sign_keys", "trusted_keys", "threshold", "kernels", "threads", "as_json", "quiet"
+)
 
 
 def _walk(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
