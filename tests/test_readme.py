@@ -38,9 +38,9 @@ _KNOWN = {"skip", "slow", "s3", "serve"}
 _RUNNABLE = ("sh", "python", "toml")
 _TIMEOUT = 900
 # A tiny model's fixed bytes (header, tokenizer, norms) and its protected layer 0 are a
-# large share of it: the README recipe's budget cannot be met, so it gets a larger one.
-_README_BUDGET = "target_bpw = 4.5"
-_TINY_BUDGET = "target_bpw = 7.0"
+# large share of it: the README recipe's bits per weight cannot be met, so it gets more.
+_README_BPW = "target_bpw = 4.5"
+_TINY_BPW = "target_bpw = 7.0"
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     docs = [p for p in text.split("\n\n") if p.strip()]
     (d / "calib.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     (toml,) = [b.code for b in BLOCKS if b.lang == "toml"]
-    assert _README_BUDGET in toml, "the README recipe's budget changed: update _TINY_BUDGET"
-    (d / "recipe.toml").write_text(toml.replace(_README_BUDGET, _TINY_BUDGET), encoding="utf-8")
+    assert _README_BPW in toml, "the README recipe's target_bpw changed: update _TINY_BPW"
+    (d / "recipe.toml").write_text(toml.replace(_README_BPW, _TINY_BPW), encoding="utf-8")
     return d
 
 
