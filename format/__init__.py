@@ -25,6 +25,7 @@ from .errors import (
 from .header import Header, ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
 from .reader import Package, QuantizedTensor, VerifyReport
 from .signing import generate_keypair, key_id, load_private_key, load_public_key
+from .weights_digest import weights_digest
 from .writer import PackageWriter
 
 __all__ = [
@@ -57,4 +58,5 @@ __all__ = [
     "load_private_key",
     "load_public_key",
     "parse_semver",
+    "weights_digest",
 ]

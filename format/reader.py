@@ -35,6 +35,7 @@ from .layout import tensor_layout
 from .preamble import Preamble
 from .signing import check_threshold, parse_signature_block, verify_signature_block
 from .validate import validate_header
+from .weights_digest import weights_digest
 
 __all__ = ["Package", "QuantizedTensor", "VerifyReport", "section_kind"]
 
@@ -140,6 +141,11 @@ class Package:
     @property
     def tensor_names(self) -> list[str]:
         return [t.name for t in self.header.tensors]
+
+    @property
+    def weights_digest(self) -> bytes:
+        """What adapters, prefix caches and saved sessions bind to (``weights_digest.py``)."""
+        return weights_digest(self.header.tensors)
 
     def entry(self, name: str) -> TensorEntry:
         try:
