@@ -34,16 +34,6 @@ ISAS = k.available_isas()
 RTOL_MM = 1e-5
 
 
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = k.active_isa()
-    k.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        k.set_isa(previous)
-
-
 @pytest.fixture
 def threads() -> Iterator[None]:
     previous = k.get_threads()

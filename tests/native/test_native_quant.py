@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,16 +14,6 @@ from edgepack.format.errors import EncodingError
 k = pytest.importorskip("edgepack.native._kernels")
 
 ISAS = k.available_isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = k.active_isa()
-    k.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        k.set_isa(previous)
 
 
 def assert_identical(got: np.ndarray | None, want: np.ndarray | None, what: str) -> None:
