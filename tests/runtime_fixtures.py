@@ -19,6 +19,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach fo
 _BUILT: dict[tuple, Path] = {}  # shared by every test module of the session
 
 
+# Texts that trip tokenizers: whitespace runs, digits, unicode, special-token look-alikes.
+TRICKY_TEXTS = [
+    "",
+    " ",
+    "Hello world",
+    "x  1",
+    "  12345  678 9",
+    "a1b22c333 4444\t55555\n666666",
+    "3.14159 + 2,718 = 5.85987; 1e-10 0x1F 1_000_000",
+    "\n\n\n   \t\t  \r\n  trailing   ",
+    "I'm sure they'll say it's fine, don't you think? We've seen it. THEY'LL",
+    "Café naïve résumé façade Ångström — “quotes” ‘single’ …",
+    "你好，世界！这是一个测试。日本語のテキスト 한국어 Русский текст العربية",
+    "emoji 😀👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ ½ ² ٣ ৩ Ⅻ",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>",
+    "<|endoftext|><|endoftext|>x<repo_name>y<file_sep>",
+    "<|im_start |> <|im_start|  not special",
+    "def f(x):\n    return x ** 2  # comment\n\n\n\tpass",
+    "\u00a0\u2003\u200b\ufeff zero width and nbsp",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "emoji 🙂👍🏽 and CJK 漢字かな",
+]
+
+
 def _topics() -> tuple[list[str], dict[str, str]]:
     import pydoc_data.topics as topics
 

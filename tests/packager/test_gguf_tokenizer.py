@@ -18,6 +18,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from runtime_fixtures import TRICKY_TEXTS as TRICKY
 from tokenizers import Tokenizer, pre_tokenizers
 
 from edgepack.packager.errors import ImportModelError
@@ -26,27 +27,6 @@ from edgepack.packager.importers.gguf_source import read_gguf_metadata
 from edgepack.packager.importers.gguf_tokenizer import tokenizer_json_from_gguf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers must never reach for a hub
-
-TRICKY = [
-    "",
-    " ",
-    "Hello world",
-    "x  1",
-    "  12345  678 9",
-    "a1b22c333 4444\t55555\n666666",
-    "3.14159 + 2,718 = 5.85987; 1e-10 0x1F 1_000_000",
-    "\n\n\n   \t\t  \r\n  trailing   ",
-    "I'm sure they'll say it's fine, don't you think? We've seen it. THEY'LL",
-    "Café naïve résumé façade Ångström — “quotes” ‘single’ …",
-    "你好，世界！这是一个测试。日本語のテキスト 한국어 Русский текст العربية",
-    "emoji 😀👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ ½ ² ٣ ৩ Ⅻ",
-    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>",
-    "<|endoftext|><|endoftext|>x<repo_name>y<file_sep>",
-    "<|im_start |> <|im_start|  not special",
-    "def f(x):\n    return x ** 2  # comment\n\n\n\tpass",
-    "\u00a0\u2003\u200b\ufeff zero width and nbsp",
-]
-
 
 def _corpus() -> str:
     from pydoc_data.topics import topics

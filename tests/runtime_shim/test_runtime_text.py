@@ -7,26 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from runtime_fixtures import TRICKY_TEXTS as TRICKY
 from runtime_fixtures import calibration_text
 
 from edgepack.runtime_shim import ChatTemplateError
 from edgepack.runtime_shim.chat import render_chat
 from edgepack.runtime_shim.tokenizer import Tokenizer
-
-TRICKY = [
-    "",
-    " ",
-    "Hello world",
-    "x  1",
-    "  12345  678 9",
-    "a1b22c333 4444\t55555\n666666",
-    "3.14159 + 2,718 = 5.85987; 1e-10 0x1F 1_000_000",
-    "\n\n\n   \t\t  \r\n  trailing   ",
-    "I'm sure they'll say it's fine, don't you think? We've seen it. THEY'LL",
-    "Café naïve résumé façade Ångström — “quotes” ‘single’ …",
-    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
-    "emoji 🙂👍🏽 and CJK 漢字かな",
-]
 
 
 @pytest.fixture(scope="module")
