@@ -104,12 +104,12 @@ class SlotDir:
 
     def load(self) -> Journal:
         try:
-            raw = self.journal_path.read_text(encoding="utf-8")
+            raw = self.journal_path.read_bytes()
         except FileNotFoundError:
             return Journal()
         try:
-            return Journal.from_json(json.loads(raw))
-        except ValueError:
+            return Journal.from_json(json.loads(raw.decode("utf-8")))
+        except ValueError:  # UnicodeDecodeError is one too
             raise SlotError(f"{self.journal_path} is not JSON") from None
 
     def save(self, journal: Journal) -> Journal:
