@@ -78,7 +78,7 @@ def download_target(
     while True:
         attempts += 1
         kept = _verified_prefix(part, target)
-        etag = etag_file.read_text().strip() if etag_file.exists() and kept else None
+        etag = _saved_etag(etag_file) if kept else None
         try:
             fetched += _fetch_into(
                 fetcher, target, part, etag_file, kept, etag, progress, config.read_bytes
@@ -126,6 +126,15 @@ def _verified_prefix(part: Path, target: DownloadTarget) -> int:
                 kept += want
     _truncate(part, kept)
     return kept
+
+
+def _saved_etag(etag_file: Path) -> str | None:
+    """The ETag saved with the partial file; one torn by a power cut only costs a
+    full re-fetch (If-Range no longer matches), never an error."""
+    try:
+        return etag_file.read_bytes().decode("ascii").strip() or None
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
 
 
 def _truncate(part: Path, size: int) -> None:

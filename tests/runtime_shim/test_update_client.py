@@ -81,6 +81,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         server.stop()
 
 
+def planned_bytes(world: dict[str, Any], sha: str) -> bytes:
+    """The bytes of whichever published package a check planned (v2 once a test
+    published it), so tests do not depend on the order they run in."""
+    for key in ("v1", "v2"):
+        if sha256(world[key]) == sha:
+            return world[key].read_bytes()
+    raise AssertionError(f"no package of the world has sha256 {sha}")
+
+
 def updater(world: dict[str, Any], slot_dir: Path, **kw: Any) -> Updater:
     cfg = kw.pop("config", UpdateConfig(read_timeout=5, slow_grace=2))
     return Updater(world["url"], slot_dir, world["root"], cfg, device_id="device-7",
@@ -295,7 +304,7 @@ def test_signed_chunk_hashes_refetch_only_a_bad_chunk(
     size = package.chunks.size
     dest = tmp_path / "pkg.epk"
     part = tmp_path / "pkg.epk.part"
-    good = world["v2"].read_bytes()
+    good = planned_bytes(world, package.sha256)
     corrupt = bytearray(good[: 3 * size // 2 + 10])  # chunk 0, chunk 1 (bad), part of 2
     corrupt[size + 5] ^= 0xFF
     part.write_bytes(bytes(corrupt))
@@ -304,6 +313,26 @@ def test_signed_chunk_hashes_refetch_only_a_bad_chunk(
     fetched = download_target(RangeFetcher(UpdateConfig()), target, dest, UpdateConfig())
     assert dest.read_bytes() == good
     assert fetched == len(good) - size  # chunk 0 kept, everything after refetched
+
+
+
+def test_a_torn_etag_file_costs_a_refetch_not_an_error(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """A power cut can leave ``.etag`` as garbage beside a good partial file."""
+    from edgepack.runtime_shim.update.download import DownloadTarget, download_target
+    from edgepack.runtime_shim.update.fetcher import RangeFetcher
+
+    package = updater(world, tmp_path / "slots").check().package
+    dest = tmp_path / "pkg.epk"
+    good = planned_bytes(world, package.sha256)
+    assert package.chunks is not None and len(package.chunks.sha256) > 1
+    (tmp_path / "pkg.epk.part").write_bytes(good[: package.chunks.size + 10])  # 1 chunk kept
+    (tmp_path / "pkg.epk.etag").write_bytes(b"\xff\xfe\x00torn")
+    target = DownloadTarget(f"{world['url']}/targets/{package.path}", package.length,
+                            package.sha256, package.chunks)
+    download_target(RangeFetcher(UpdateConfig()), target, dest, UpdateConfig())
+    assert dest.read_bytes() == good
 
 
 class HostileFront:
