@@ -258,8 +258,8 @@ class Updater:
         if status == 409 and isinstance(answer, dict):
             raise InsufficientStorageError(
                 str(answer.get("reason", "not enough free space"))[:400],
-                needed_bytes=int(answer.get("needed_bytes", 0)),
-                free_bytes=int(answer.get("free_bytes", 0)),
+                needed_bytes=_count(answer.get("needed_bytes")),
+                free_bytes=_count(answer.get("free_bytes")),
             )
         if status != 200:
             reason = answer.get("reason") if isinstance(answer, dict) else None
@@ -438,6 +438,11 @@ class Updater:
             return self.slots.load().active_version
         except EdgepackError:
             return None
+
+
+def _count(value: Any) -> int:
+    """A byte count from the (unsigned) update-check answer; anything else is 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _public_keys(keys: Sequence[Any] | None) -> list[Any] | None:
