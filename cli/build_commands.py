@@ -25,7 +25,9 @@ from .progress import progress_bars
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).", inputs=("src", "recipe", "lut", "calib"))
+@output_option(
+    "Package to write (.epk).", inputs=("src", "recipe", "lut", "calib", "prefix_file")
+)
 @click.option("--recipe", type=click.Path(exists=True, dir_okay=False), help="TOML recipe.")
 @click.option("--target-bpw", type=float, default=None, help="Bits per weight, whole file.")
 @click.option("--target-size", type=int, default=None, help="Bytes of the whole file.")
@@ -35,6 +37,14 @@ from .progress import progress_bars
 @sign_key_option("the package")
 @release_options
 @click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
+@click.option(
+    "--prefix-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Prefixes to store KV caches for: a JSON list or one per line.",
+)
+@click.option(
+    "--prefix-system", is_flag=True, help="Each prefix is a system prompt (chat template)."
+)
 def build(
     src: str,
     out: str,
@@ -49,11 +59,14 @@ def build(
     model_version: str,
     min_runtime_version: str | None,
     no_report: bool,
+    prefix_file: str | None,
+    prefix_system: bool,
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
     from edgepack.packager.build import build as run_build
     from edgepack.packager.calibration import calibration_texts
+    from edgepack.packager.prefix import PrefixRequest, read_prefix_file
     from edgepack.packager.profile_device import LatencyTable
     from edgepack.packager.recipe import load_recipe
 
@@ -67,6 +80,11 @@ def build(
     table = LatencyTable.load(r.search.lut) if r.search.lut else None
     if calib or r.calibration.file:
         calibration_texts(calib or r.calibration.file)
+    if prefix_system and not prefix_file:
+        raise click.UsageError("--prefix-system needs --prefix-file")
+    prefixes = None
+    if prefix_file:
+        prefixes = PrefixRequest(tuple(read_prefix_file(prefix_file)), prefix_system)
     with progress_bars() as bar:
         result = run_build(
             src,
@@ -80,6 +98,7 @@ def build(
             model_name=model_name,
             model_version=model_version,
             min_runtime_version=min_runtime_version,
+            prefixes=prefixes,
         )
     record(
         path=str(result.path),
@@ -98,6 +117,7 @@ def build(
         peak_rss_bytes=result.peak_rss,
         report=str(result.report_path) if result.report_path else None,
         plot=str(result.plot_path) if result.plot_path else None,
+        prefix_caches=[c.to_json() for c in result.prefix_caches],
     )
     for line in result.summary():
         click.echo(line)

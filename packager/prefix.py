@@ -26,6 +26,7 @@ __all__ = [
     "PREFIX_MEDIA_TYPE",
     "PrefixCacheInfo",
     "PrefixFileError",
+    "PrefixRequest",
     "add_prefix_caches",
     "read_prefix_file",
 ]
@@ -36,6 +37,14 @@ MAX_PREFIXES = 64
 
 class PrefixFileError(InputError):
     """The prefix file is unreadable, empty, or not a list of strings."""
+
+
+@dataclass(frozen=True)
+class PrefixRequest:
+    """The prefixes a build stores caches for; ``system``: each is a system prompt."""
+
+    texts: tuple[str, ...]
+    system: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,10 +103,8 @@ def add_prefix_caches(
             ids = prefix_ids(model, text, system=system)
             cache = compute_prefix_cache(model, ids, text)
             name = f"prefix-{i}"
-            sections.append(
-                (SectionKind.PREFIX_KV_CACHE, encode_prefix_cache(cache), name, PREFIX_MEDIA_TYPE,
-                 False)
-            )
+            data = encode_prefix_cache(cache)
+            sections.append((SectionKind.PREFIX_KV_CACHE, data, name, PREFIX_MEDIA_TYPE, False))
             infos.append(PrefixCacheInfo(name, cache.num_tokens, cache.nbytes, text))
     rewrite_with_sections(
         src, out, sections, sign_keys, replace_kinds=(SectionKind.PREFIX_KV_CACHE,)
