@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,12 +16,16 @@ from .options import (
     kernels_option,
     kernels_or_none,
     output_option,
+    prefix_options,
     release_options,
     sign_key_option,
     threads_option,
 )
 from .output import quiet_requested, record
 from .progress import progress_bars
+
+if TYPE_CHECKING:
+    from edgepack.packager.prefix import PrefixRequest
 
 
 @click.command()
@@ -37,14 +42,7 @@ from .progress import progress_bars
 @sign_key_option("the package")
 @release_options
 @click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
-@click.option(
-    "--prefix-file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Prefixes to store KV caches for: a JSON list or one per line.",
-)
-@click.option(
-    "--prefix-system", is_flag=True, help="Each prefix is a system prompt (chat template)."
-)
+@prefix_options
 def build(
     src: str,
     out: str,
@@ -59,14 +57,12 @@ def build(
     model_version: str,
     min_runtime_version: str | None,
     no_report: bool,
-    prefix_file: str | None,
-    prefix_system: bool,
+    prefixes: PrefixRequest | None,
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
     from edgepack.packager.build import build as run_build
     from edgepack.packager.calibration import calibration_texts
-    from edgepack.packager.prefix import PrefixRequest, read_prefix_file
     from edgepack.packager.profile_device import LatencyTable
     from edgepack.packager.recipe import load_recipe
 
@@ -80,11 +76,6 @@ def build(
     table = LatencyTable.load(r.search.lut) if r.search.lut else None
     if calib or r.calibration.file:
         calibration_texts(calib or r.calibration.file)
-    if prefix_system and not prefix_file:
-        raise click.UsageError("--prefix-system needs --prefix-file")
-    prefixes = None
-    if prefix_file:
-        prefixes = PrefixRequest(tuple(read_prefix_file(prefix_file)), prefix_system)
     with progress_bars() as bar:
         result = run_build(
             src,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from edgepack.format import SectionKind
+from edgepack.format.output_file import pid_temporary_directory
 from edgepack.format.prefix_cache import encode_prefix_cache
 
 from .errors import InputError
@@ -29,8 +31,10 @@ __all__ = [
     "PrefixRequest",
     "add_prefix_caches",
     "read_prefix_file",
+    "write_with_prefixes",
 ]
 
+T = TypeVar("T")
 PREFIX_MEDIA_TYPE = "application/x-edgepack-prefix-kv"
 MAX_PREFIXES = 64
 
@@ -58,6 +62,9 @@ class PrefixCacheInfo:
 
     def to_json(self) -> dict:
         return {"name": self.name, "tokens": self.tokens, "bytes": self.nbytes}
+
+    def summary(self) -> str:
+        return f"prefix cache {self.name}: {self.tokens} tokens, {self.nbytes:,} bytes of K/V"
 
 
 def read_prefix_file(path: str | os.PathLike[str]) -> list[str]:
@@ -110,3 +117,18 @@ def add_prefix_caches(
         src, out, sections, sign_keys, replace_kinds=(SectionKind.PREFIX_KV_CACHE,)
     )
     return infos
+
+
+def write_with_prefixes(
+    out: str | os.PathLike[str],
+    write_plain: Callable[[Path], T],
+    request: PrefixRequest,
+    sign_keys: Sequence[object] = (),
+) -> tuple[T, list[PrefixCacheInfo]]:
+    """``write_plain(path)`` writes the package unsigned to a scratch path; ``out`` gets
+    it with the caches of ``request``, signed once. Returns what ``write_plain`` did."""
+    with pid_temporary_directory("edgepack-prefix-") as tmp:
+        plain = Path(tmp) / Path(out).name
+        written = write_plain(plain)
+        texts, system = request.texts, request.system
+        return written, add_prefix_caches(plain, out, texts, sign_keys, system=system)

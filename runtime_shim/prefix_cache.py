@@ -143,8 +143,13 @@ def compute_prefix_cache(model: Model, ids: Sequence[int], text: str = "") -> Pr
 class PrefixStore:
     """The valid stored prefixes of one model; each written into the pool on first use."""
 
-    def __init__(self, caches: list[tuple[str, PrefixCache]]) -> None:
+    def __init__(
+        self,
+        caches: list[tuple[str, PrefixCache]],
+        ignored: list[tuple[str, PrefixCache, str]] | None = None,
+    ) -> None:
         self.caches = caches
+        self.ignored = ignored or []  # (section name, cache, the binding field that differs)
         self._seqs: dict[int, KVSequence] = {}  # cache index -> its pinned sequence
         self.hits = 0
 
@@ -153,7 +158,7 @@ class PrefixStore:
         """Hash-check and decode every PREFIX_KV_CACHE section; keep the ones bound to
         ``model``, warn once for each other one (CorruptPackageError on bad bytes)."""
         expected = model_binding(model)
-        caches = []
+        caches, ignored = [], []
         for sec in model.package.sections(SectionKind.PREFIX_KV_CACHE):
             cache = decode_prefix_cache(model.package.section_view(sec))
             field = cache.binding.mismatch(expected)
@@ -167,9 +172,10 @@ class PrefixStore:
                     field,
                     cache.num_tokens,
                 )
+                ignored.append((sec.name, cache, field))
                 continue
             caches.append((sec.name, cache))
-        return cls(caches)
+        return cls(caches, ignored)
 
     def match(self, ids: Sequence[int], limit: int) -> int | None:
         """Index of the longest stored prefix of ``ids`` with at most ``limit`` tokens."""

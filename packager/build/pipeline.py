@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.format import SectionKind
-from edgepack.format.output_file import pid_temporary_directory
 
 from ..calibration import CalibrationStats
 from ..convert import check_release_fields, resolve_model_name
 from ..encode import parse_encoding
 from ..errors import InputError
 from ..factorize import add_low_rank_options
-from ..prefix import PrefixCacheInfo, PrefixRequest, add_prefix_caches
+from ..prefix import PrefixCacheInfo, PrefixRequest, write_with_prefixes
 from ..recipe import Recipe
 from ..search import Plan, SearchError, search
 from ..sensitivity import (
@@ -217,11 +216,10 @@ def _build(
         written = write_package(out, content, sign_keys, data_offset)
         assert written == size, f"{out}: wrote {written:,} bytes, laid out {size:,}"
     else:  # caches are computed on the written package; the final one is signed once
-        with pid_temporary_directory("edgepack-prefix-") as tmp:
-            plain = Path(tmp) / out.name
-            write_package(plain, content, (), data_offset)
-            texts, system = prefixes.texts, prefixes.system
-            caches = add_prefix_caches(plain, out, texts, sign_keys, system=system)
+        def plain(path: Path) -> int:
+            return write_package(path, content, (), data_offset)
+
+        _, caches = write_with_prefixes(out, plain, prefixes, sign_keys)
         size = out.stat().st_size
     progress.advance(1, out.name)
     phases["write"] = time.perf_counter() - t

@@ -80,10 +80,7 @@ class BuildResult:
         phases = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
         lines.append(f"time {sum(self.phases.values()):.1f}s ({phases})")
         lines.append(f"peak RSS {self.peak_rss / 2**20:.0f} MiB")
-        lines += [
-            f"prefix cache {c.name}: {c.tokens} tokens, {c.nbytes:,} bytes of K/V"
-            for c in self.prefix_caches
-        ]
+        lines += [c.summary() for c in self.prefix_caches]
         lines += [f"note: {name}: {why}" for name, why in self.fallbacks.items()]
         return lines
 
