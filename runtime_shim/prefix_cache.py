@@ -177,20 +177,21 @@ class PrefixStore:
             caches.append((sec.name, cache))
         return cls(caches, ignored)
 
-    def match(self, ids: Sequence[int], limit: int) -> int | None:
-        """Index of the longest stored prefix of ``ids`` with at most ``limit`` tokens."""
+    def match(self, ids: Sequence[int]) -> int | None:
+        """Index of the longest stored prefix of ``ids`` (None: none is)."""
         best, best_len = None, 0
         for i, (_name, cache) in enumerate(self.caches):
             n = cache.num_tokens
-            if best_len < n <= limit and list(ids[:n]) == cache.tokens.tolist():
+            if best_len < n <= len(ids) and list(ids[:n]) == cache.tokens.tolist():
                 best, best_len = i, n
         return best
 
     def attach(self, seq: KVSequence, ids: Sequence[int], limit: int) -> KVSequence:
-        """``seq``, or a sequence holding a stored prefix of ``ids`` when that is longer
-        than what ``seq`` holds (``seq`` is then released). Call under ``Model.lock``."""
-        i = self.match(ids, limit)
-        if i is None or self.caches[i][1].num_tokens <= seq.length:
+        """``seq``, or a sequence holding (at most ``limit`` tokens of) a stored prefix of
+        ``ids`` when that is longer than what ``seq`` holds (``seq`` is then released).
+        Call under ``Model.lock``."""
+        i = self.match(ids)
+        if i is None or min(self.caches[i][1].num_tokens, limit) <= seq.length:
             return seq
         pinned = self._seqs.get(i)
         if pinned is None:
@@ -201,6 +202,8 @@ class PrefixStore:
         seq.release()
         self.hits += 1
         out = pinned.fork()
+        if out.length > limit:  # the prompt is the prefix: its last token is computed
+            out.truncate(limit)
         seq.pool.stats.prefix_hit_tokens += out.length
         return out
 

@@ -40,7 +40,8 @@ def test_build_stores_system_prompt_caches_signed_once(
 ) -> None:
     main(["keygen", str(tmp_path / "k")])
     out = tmp_path / "m.epk"
-    args = ["build", str(gguf), "-o", str(out), "--no-report", "--sign-key", str(tmp_path / "k.key")]
+    args = ["build", str(gguf), "-o", str(out), "--no-report"]
+    args += ["--sign-key", str(tmp_path / "k.key")]
     args += ["--prefix-file", str(_prefix_file(tmp_path, [SYSTEM])), "--prefix-system"]
     assert main(args) == 0
     assert "prefix cache prefix-0:" in capsys.readouterr().out

@@ -63,13 +63,14 @@ def _scrambled(cache: PrefixCache) -> PrefixCache:
     return dataclasses.replace(cache, arrays=arrays)
 
 
+@pytest.mark.parametrize("block_size", [16, 8])
 def test_cached_prefix_is_used_and_next_token_logits_are_bit_identical(
-    base: Path, cached: Path
+    base: Path, cached: Path, block_size: int
 ) -> None:
     with open(base, verify="none") as m:
         uncached = m.forward(m.new_sequence(), PROMPT)
         kernels = m.kernel_path
-    with open(cached, verify="none") as m:
+    with open(cached, verify="none", kv_block_size=block_size) as m:
         assert m.kernel_path == kernels
         seq = m.prefix_store.attach(m.new_sequence(), PROMPT, len(PROMPT) - 1)
         assert seq.length == len(PREFIX)
@@ -78,6 +79,17 @@ def test_cached_prefix_is_used_and_next_token_logits_are_bit_identical(
     ref, hit = _greedy(base)
     assert hit == 0
     assert _greedy(cached) == (ref, len(PREFIX))
+
+
+def test_a_prompt_that_is_the_prefix_computes_only_its_last_token(
+    base: Path, cached: Path
+) -> None:
+    with open(base, verify="none") as m:
+        ref = list(m.session().generate(PREFIX, max_tokens=4))
+    with open(cached, verify="none") as m:
+        s = m.session()
+        assert list(s.generate(PREFIX, max_tokens=4)) == ref
+        assert s.stats.cached_prompt_tokens == len(PREFIX) - 1
 
 
 def test_sessions_share_the_stored_pages_copy_on_write(cached: Path, cache: PrefixCache) -> None:
@@ -163,11 +175,12 @@ def test_saved_session_restores_to_the_same_continuation(base: Path, tmp_path: P
         held = s.tokens
         path = s.save(tmp_path / "s.eps")
         expected = list(s.generate(held + TAIL, max_tokens=6))
-    with open(base, verify="none") as m:  # a fresh process would see the same
-        r = m.restore(path)
-        assert r.tokens == held
-        assert list(r.generate(held + TAIL, max_tokens=6)) == expected
-        assert r.stats.cached_prompt_tokens == len(held)
+    for block_size in (16, 8):  # pages are per token: any block size restores them
+        with open(base, verify="none", kv_block_size=block_size) as m:
+            r = m.restore(path)
+            assert r.tokens == held
+            assert list(r.generate(held + TAIL, max_tokens=6)) == expected
+            assert r.stats.cached_prompt_tokens == len(held)
 
 
 def test_restore_is_refused_on_other_weights_or_kv_layout(base: Path, tmp_path: Path) -> None:
