@@ -153,6 +153,20 @@ def test_a_cache_for_another_kv_layout_is_ignored(
     assert got[1] == 0
 
 
+def test_stored_pages_are_aligned_views_of_the_package_mapping(cached: Path) -> None:
+    with open(cached, verify="none") as m:
+        (_name, stored), = m.prefix_store.caches
+        with Package.open(cached) as pkg:
+            sec = pkg.sections(SectionKind.PREFIX_KV_CACHE)[0]
+        file_start = sec.data.offset  # the payload's place in the file
+        payload = m.package.section_view(sec)
+        base = np.frombuffer(payload, np.uint8).__array_interface__["data"][0]
+        for a in stored.arrays.values():
+            assert not a.flags.owndata and not a.flags.writeable  # the read-only mapping
+            at = file_start + a.__array_interface__["data"][0] - base
+            assert at % 64 == 0
+
+
 def test_tampered_cache_bytes_fail_verification(cached: Path, tmp_path: Path) -> None:
     with Package.open(cached) as pkg:
         sec = pkg.sections(SectionKind.PREFIX_KV_CACHE)[0]
