@@ -92,6 +92,8 @@ def open(
     * ``kernels``: ``"numpy"``, ``"native"`` or None (``$EDGEPACK_KERNELS``, else auto).
     * ``activations``: ``"int8"`` (dynamic int8 activations into quantized matmuls, the
       native kernels' scheme), ``"float"``, or ``"auto"`` (int8 iff weights are quantized).
+    * Stored prefix KV caches are hash-checked and kept when bound to this model and
+      session layout, else ignored with one warning (:mod:`.prefix_cache`).
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
