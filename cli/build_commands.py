@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,7 @@ from .options import (
     kernels_option,
     kernels_or_none,
     output_option,
+    prefix_options,
     release_options,
     sign_key_option,
     threads_option,
@@ -22,10 +24,15 @@ from .options import (
 from .output import quiet_requested, record
 from .progress import progress_bars
 
+if TYPE_CHECKING:
+    from edgepack.packager.prefix import PrefixRequest
+
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).", inputs=("src", "recipe", "lut", "calib"))
+@output_option(
+    "Package to write (.epk).", inputs=("src", "recipe", "lut", "calib", "prefix_file")
+)
 @click.option("--recipe", type=click.Path(exists=True, dir_okay=False), help="TOML recipe.")
 @click.option("--target-bpw", type=float, default=None, help="Bits per weight, whole file.")
 @click.option("--target-size", type=int, default=None, help="Bytes of the whole file.")
@@ -35,6 +42,7 @@ from .progress import progress_bars
 @sign_key_option("the package")
 @release_options
 @click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
+@prefix_options
 def build(
     src: str,
     out: str,
@@ -49,6 +57,7 @@ def build(
     model_version: str,
     min_runtime_version: str | None,
     no_report: bool,
+    prefixes: PrefixRequest | None,
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
@@ -80,6 +89,7 @@ def build(
             model_name=model_name,
             model_version=model_version,
             min_runtime_version=min_runtime_version,
+            prefixes=prefixes,
         )
     record(
         path=str(result.path),
@@ -98,6 +108,7 @@ def build(
         peak_rss_bytes=result.peak_rss,
         report=str(result.report_path) if result.report_path else None,
         plot=str(result.plot_path) if result.plot_path else None,
+        prefix_caches=[c.to_json() for c in result.prefix_caches],
     )
     for line in result.summary():
         click.echo(line)

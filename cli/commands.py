@@ -6,7 +6,9 @@ Each command imports its subsystem lazily so `edgepack --help` stays fast.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +17,7 @@ from .options import (
     LazyHelpOption,
     json_option,
     output_option,
+    prefix_options,
     release_options,
     require_signature_option,
     sign_key_option,
@@ -26,6 +29,9 @@ from .options import (
 )
 from .output import record
 from .progress import progress_bars
+
+if TYPE_CHECKING:
+    from edgepack.packager.prefix import PrefixRequest
 
 
 def encoding_help() -> str:
@@ -52,7 +58,7 @@ def keygen(name: str) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).", inputs=("src",))
+@output_option("Package to write (.epk).", inputs=("src", "prefix_file"))
 @click.option(
     "--encoding",
     cls=LazyHelpOption,
@@ -68,6 +74,7 @@ def keygen(name: str) -> None:
 )
 @sign_key_option("the package")
 @release_options
+@prefix_options
 def convert(
     src: str,
     out: str,
@@ -77,6 +84,7 @@ def convert(
     model_name: str | None,
     model_version: str,
     min_runtime_version: str | None,
+    prefixes: PrefixRequest | None,
 ) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
     from edgepack.format import load_private_key
@@ -90,19 +98,29 @@ def convert(
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=label) from None
     keys = [load_private_key(k) for k in sign_keys]
+    caches = []
     with progress_bars("converting", counting="bytes") as bar:
-        result = run_convert(
-            src,
-            out,
-            encoding=encoding,
-            embedding_encoding=embedding_encoding,
-            signing_keys=keys,
-            min_runtime_version=min_runtime_version,
-            model_version=model_version,
-            model_name=model_name,
-            on_start=bar.start,
-            on_tensor=lambda name, n: bar.advance(n, name),
-        )
+
+        def write(path: str | Path, signing_keys: Sequence[object]):
+            return run_convert(
+                src,
+                path,
+                encoding=encoding,
+                embedding_encoding=embedding_encoding,
+                signing_keys=signing_keys,
+                min_runtime_version=min_runtime_version,
+                model_version=model_version,
+                model_name=model_name,
+                on_start=bar.start,
+                on_tensor=lambda name, n: bar.advance(n, name),
+            )
+
+        if prefixes is None:
+            result = write(out, keys)
+        else:  # caches are computed on the written package; the final one is signed once
+            from edgepack.packager.prefix import write_with_prefixes
+
+            result, caches = write_with_prefixes(out, lambda p: write(p, ()), prefixes, keys)
     for plan in result.fallbacks:  # never silent: the file differs from what was asked
         click.echo(f"note: {plan.name}: {plan.reason}", err=True)
     size = Path(out).stat().st_size
@@ -114,11 +132,14 @@ def convert(
         tensor_bytes=dict(result.tensor_bytes),
         signatures=len(keys),
         fallbacks={plan.name: plan.reason for plan in result.fallbacks},
+        prefix_caches=[c.to_json() for c in caches],
     )
     click.echo(
         f"wrote {out}: {size:,} bytes, {len(result.plans)} tensors ({by_enc})"
         + (f", signed by {len(keys)} key(s)" if keys else ", unsigned")
     )
+    for c in caches:
+        click.echo(c.summary())
 
 
 @click.command()

@@ -8,6 +8,8 @@ from typing import Any
 
 from edgepack.format import Encoding, Package
 
+from .describe_prefix import describe_prefix_caches, prefix_caches_json
+
 
 def _encoding_label(t) -> str:
     """The label the CLI and recipes use for this tensor's encoding (``int4-g32-asym``)."""
@@ -66,6 +68,7 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
             }
             for t in h.tensors
         ],
+        "prefix_caches": prefix_caches_json(pkg),
     }
 
 
@@ -109,4 +112,5 @@ def describe_header(pkg: Package) -> str:
     )
     for label, (count, params, nbytes) in sorted(per_enc.items()):
         lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params {nbytes:>14,} B")
+    lines += describe_prefix_caches(pkg)
     return "\n".join(lines)

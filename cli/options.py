@@ -301,3 +301,27 @@ def signature_facts(report: object) -> dict[str, Any]:
 def kernels_or_none(kernels: str) -> str | None:
     """The runtime's ``kernels=`` argument: None lets it choose (``auto``)."""
     return None if kernels == "auto" else kernels
+
+
+def prefix_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--prefix-file`` and ``--prefix-system``, passed as ``prefixes`` (a
+    :class:`~edgepack.packager.prefix.PrefixRequest` or None)."""
+
+    @functools.wraps(command)
+    def wrapped(*args: Any, prefix_file: str | None, prefix_system: bool, **kwargs: Any) -> Any:
+        from edgepack.packager.prefix import PrefixRequest, read_prefix_file
+
+        if prefix_system and not prefix_file:
+            raise click.UsageError("--prefix-system needs --prefix-file")
+        texts = tuple(read_prefix_file(prefix_file)) if prefix_file else ()
+        prefixes = PrefixRequest(texts, prefix_system) if texts else None
+        return command(*args, prefixes=prefixes, **kwargs)
+
+    wrapped = click.option(
+        "--prefix-system", is_flag=True, help="Each prefix is a system prompt (chat template)."
+    )(wrapped)
+    return click.option(
+        "--prefix-file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Store KV caches for these prefixes: a JSON list of strings or one per line.",
+    )(wrapped)

@@ -43,6 +43,11 @@ MAX_SECTION_WINDOW = 1 << 27  # zstd window a reader allocates at most, whatever
 MAX_LOW_RANK_RATIO = 4096  # dense elements / factor elements a low-rank tensor may claim
 MIN_GROUP_SIZE = 8
 MAX_GROUP_SIZE = 4096
+# PREFIX_KV_CACHE payloads (format/prefix_cache.py): a descriptor of a few KiB, one array
+# per KV part (the runtime's layouts have at most six), a prefix within any model's context.
+MAX_PREFIX_DESCRIPTOR = 1 << 20
+MAX_PREFIX_ARRAYS = 16
+MAX_PREFIX_TOKENS = 1 << 20
 
 
 class SectionKind(enum.IntEnum):

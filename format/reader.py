@@ -211,6 +211,13 @@ class Package:
             _check_text(data, matches[0])
         return data
 
+    def section_view(self, sec: SectionEntry) -> memoryview:
+        """The content of section ``sec`` once it hash-checks: for an uncompressed one a
+        view of the mapping (no copy: prefix KV pages are used in place), else a copy."""
+        if sec.compression == Compression.ZSTD:
+            return memoryview(self._load_section(sec))
+        return self._stored_section(sec)
+
     def _load_section(self, sec: SectionEntry) -> bytes:
         """Hash-check and decode one section; typed errors for any inconsistency.
         Memory: the declared length once, which open bounded per kind."""

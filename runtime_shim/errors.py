@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import enum
 
-from edgepack.format.errors import EdgepackError, IncompatiblePackageError
+from edgepack.format.errors import CorruptPackageError, EdgepackError, IncompatiblePackageError
 
 __all__ = [
     "ChatTemplateError",
+    "CorruptSessionError",
     "InvalidRequestError",
     "KVCacheFullError",
     "KernelStatus",
     "KernelUnavailableError",
     "NumericError",
     "RuntimeShimError",
+    "SessionMismatchError",
     "TokenizerUnavailableError",
     "UnsupportedModelError",
 ]
@@ -46,6 +48,20 @@ class UnsupportedModelError(IncompatiblePackageError):
 
 class KVCacheFullError(RuntimeShimError):
     """Every KV block is in use by a live sequence: raise the budget or end sessions."""
+
+
+class SessionMismatchError(RuntimeShimError):
+    """A saved session was made on other weights, another adapter or KV layout (or
+    tokenizer, template, RoPE): restoring it would run silently wrong, so it is refused.
+    ``field`` names the binding field (:class:`edgepack.format.prefix_cache.KVBinding`)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class CorruptSessionError(CorruptPackageError):
+    """A saved session file is not one: bad magic, truncated, or its hash does not match."""
 
 
 class KernelUnavailableError(RuntimeShimError):

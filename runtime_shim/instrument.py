@@ -26,14 +26,18 @@ from .config import LlamaConfig
 from .kernels import NumpyKernels, select_kernels
 from .kernels.numpy_backend import set_blas_threads
 from .model import Model, open
+from .prefix_cache import compute_prefix_cache, prefix_ids
 from .weights import Embedding, Linear, bind_weights, quantized_linear
 
 __all__ = [
     "WeightOverrides",
     "check_runnable",
+    "compute_prefix_cache",
     "make_linear",
     "observe_matmuls",
+    "open_device",
     "open_float_reference",
+    "prefix_ids",
     "select_kernels",
     "set_blas_threads",
 ]
@@ -76,6 +80,12 @@ def open_float_reference(path: str | os.PathLike[str]) -> Model:
     """A package opened as the packager's float reference: float KV cache, float
     activations, numpy kernels (the bit-exact reference), no signature check."""
     return open(path, kv="float", activations="float", kernels="numpy", verify="none")
+
+
+def open_device(path: str | os.PathLike[str], kernels: str | None = None) -> Model:
+    """A package opened as a device opens it by default (its kernels, KV layout and
+    activations; no signature check): what prefix KV caches are computed on."""
+    return open(path, kernels=kernels, verify="none")
 
 
 class _ObservedKernels(NumpyKernels):

@@ -57,6 +57,7 @@ from .errors import KVCacheFullError
 __all__ = [
     "DEFAULT_KV",
     "KV_LAYOUTS",
+    "KV_LAYOUT_VERSION",
     "KV_MODES",
     "KVCacheConfig",
     "KVLayout",
@@ -131,6 +132,9 @@ KV_LAYOUTS: dict[str, KVLayout] = {
 }
 KV_MODES = tuple(KV_LAYOUTS)
 DEFAULT_KV = "int8"
+# Bump when the bytes any layout writes for the same K/V change (rounding, packing, array
+# order): stored prefix caches and saved sessions bind to it (runtime_shim/prefix_cache.py).
+KV_LAYOUT_VERSION = 1
 
 
 @dataclass(frozen=True)

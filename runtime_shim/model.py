@@ -41,6 +41,7 @@ from .kernels import (
 )
 from .kv_cache import KVCacheConfig, KVPool
 from .kv_cache import Sequence as KVSequence
+from .prefix_cache import PrefixStore
 from .stats import ForwardStats
 from .weights import ModelWeights, bind_weights
 
@@ -91,6 +92,8 @@ def open(
     * ``kernels``: ``"numpy"``, ``"native"`` or None (``$EDGEPACK_KERNELS``, else auto).
     * ``activations``: ``"int8"`` (dynamic int8 activations into quantized matmuls, the
       native kernels' scheme), ``"float"``, or ``"auto"`` (int8 iff weights are quantized).
+    * Stored prefix KV caches are hash-checked and kept when bound to this model and
+      session layout, else ignored with one warning (:mod:`.prefix_cache`).
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -184,6 +187,11 @@ class Model:
         self._stop_ids: set[int] | None = None
         kernels.bind([lin for layer in weights.layers for lin in layer.linears])
         kernels.bind([weights.output])
+        try:  # stored prefix KV caches: hash-checked, bound to this model, or ignored
+            self.prefix_store = PrefixStore.load(self)
+        except BaseException:
+            self.close()
+            raise
         _log.info(
             "model %s: %d layers, kv %s, activations %s, kernels %s",
             pkg.header.identity.name,
@@ -247,6 +255,13 @@ class Model:
         from .session import Session
 
         return Session(self)
+
+    def restore(self, path: str | os.PathLike[str]):  # -> Session
+        """A session continuing from one saved with ``Session.save`` (refused with
+        :class:`~.errors.SessionMismatchError` if saved for other weights or KV layout)."""
+        from .session_file import restore_session
+
+        return restore_session(self, path)
 
     def _session(self):
         if self._default_session is None:

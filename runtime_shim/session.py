@@ -8,14 +8,17 @@ extended from the model-wide prefix cache where full blocks match.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .chat import render_chat
 from .errors import InvalidRequestError
+from .prefix_cache import NO_ADAPTER
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
@@ -31,6 +34,7 @@ class Session:
         self.seq = model.new_sequence()
         self.forward_stats = ForwardStats()  # cumulative
         self.stats = GenerationStats(kernel_path=model.kernel_path, kv_mode=model.kv_mode)
+        self.adapter_digest = NO_ADAPTER  # the LoRA adapter's digest (b"": none), for bindings
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -62,6 +66,13 @@ class Session:
     @property
     def tokens(self) -> list[int]:
         return list(self.seq.tokens)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save the tokens and K/V this session holds; ``Model.restore`` continues from
+        it on the same weights, adapter and KV layout only (:mod:`.session_file`)."""
+        from .session_file import save_session
+
+        return save_session(self, path)
 
     # -- scoring ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -158,7 +169,13 @@ class Session:
         kwargs.setdefault("output", "text")
         return self.generate(ids, max_tokens, **kwargs)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], engine: str = "auto") -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        engine: str = "auto",
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         tok = self.model.tokenizer
         cfg = self.model.config
 
@@ -169,7 +186,7 @@ class Session:
         return render_chat(
             self.model.chat_template(),
             messages,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             bos_token=token_text(cfg.bos_token_id),
             eos_token=token_text(eos),
             engine=engine,
@@ -264,6 +281,7 @@ class Session:
             common = min(self.seq.common_prefix(ids), limit)
             if common < self.seq.length:
                 self.seq.truncate(common)
+            self.seq = self.model.prefix_store.attach(self.seq, ids, limit)
             self.seq.attach_prefix(ids, limit)
             return self.seq.length
 

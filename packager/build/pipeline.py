@@ -18,6 +18,7 @@ from ..convert import check_release_fields, resolve_model_name
 from ..encode import parse_encoding
 from ..errors import InputError
 from ..factorize import add_low_rank_options
+from ..prefix import PrefixCacheInfo, PrefixRequest, write_with_prefixes
 from ..recipe import Recipe
 from ..search import Plan, SearchError, search
 from ..sensitivity import (
@@ -69,6 +70,7 @@ def build(
     model_name: str | None = None,
     model_version: str = "1.0.0",
     min_runtime_version: str | None = None,
+    prefixes: PrefixRequest | None = None,
 ) -> BuildResult:
     """Build ``out`` from ``src`` following ``recipe`` (see the package docstring).
     ``model_name`` defaults to the source's (made valid); the version fields are checked
@@ -95,7 +97,8 @@ def build(
     release = {"min_runtime_version": min_runtime_version}
     try:
         return _build(
-            fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release
+            fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release,
+            prefixes,
         )
     finally:
         fm.close()
@@ -126,6 +129,7 @@ def _build(
     lut: Any,
     phases: dict[str, float],
     release: dict[str, Any],
+    prefixes: PrefixRequest | None = None,
 ) -> BuildResult:
     q = recipe.quantize
     candidates = q.candidates()
@@ -207,8 +211,16 @@ def _build(
 
     t = time.perf_counter()
     progress.phase("write", 1)
-    written = write_package(out, content, sign_keys, data_offset)
-    assert written == size, f"{out}: wrote {written:,} bytes, laid out {size:,}"
+    caches: list[PrefixCacheInfo] = []
+    if prefixes is None:
+        written = write_package(out, content, sign_keys, data_offset)
+        assert written == size, f"{out}: wrote {written:,} bytes, laid out {size:,}"
+    else:  # caches are computed on the written package; the final one is signed once
+        def plain(path: Path) -> int:
+            return write_package(path, content, (), data_offset)
+
+        _, caches = write_with_prefixes(out, plain, prefixes, sign_keys)
+        size = out.stat().st_size
     progress.advance(1, out.name)
     phases["write"] = time.perf_counter() - t
     if latency_fn is not None and plan.latency_ms is not None:
@@ -229,6 +241,7 @@ def _build(
         probe=m.probe_info,
         scaling=scaling,
         fallbacks=group_fallbacks(fm, recipe, candidates),
+        prefix_caches=caches,
     )
     if m.fq is not None and searching:  # the whole plan on the probe tokens
         t = time.perf_counter()

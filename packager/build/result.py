@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..prefix import PrefixCacheInfo
 from ..search import Plan
 from ..sensitivity import TensorSensitivity
 
@@ -43,6 +44,7 @@ class BuildResult:
     probe: dict[str, Any] = field(default_factory=dict)
     scaling: dict[str, Any] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)  # tensor -> why (budget.py)
+    prefix_caches: list[PrefixCacheInfo] = field(default_factory=list)
 
     @property
     def bpw(self) -> float:
@@ -78,6 +80,7 @@ class BuildResult:
         phases = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
         lines.append(f"time {sum(self.phases.values()):.1f}s ({phases})")
         lines.append(f"peak RSS {self.peak_rss / 2**20:.0f} MiB")
+        lines += [c.summary() for c in self.prefix_caches]
         lines += [f"note: {name}: {why}" for name, why in self.fallbacks.items()]
         return lines
 
