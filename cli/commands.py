@@ -14,6 +14,7 @@ from .exit_codes import EXIT_OK
 from .options import (
     LazyHelpOption,
     json_option,
+    model_card_options,
     output_option,
     release_options,
     require_signature_option,
@@ -52,7 +53,7 @@ def keygen(name: str) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).", inputs=("src",))
+@output_option("Package to write (.epk).", inputs=("src", "card_file"))
 @click.option(
     "--encoding",
     cls=LazyHelpOption,
@@ -68,6 +69,7 @@ def keygen(name: str) -> None:
 )
 @sign_key_option("the package")
 @release_options
+@model_card_options
 def convert(
     src: str,
     out: str,
@@ -77,6 +79,7 @@ def convert(
     model_name: str | None,
     model_version: str,
     min_runtime_version: str | None,
+    card: dict,
 ) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
     from edgepack.format import load_private_key
@@ -102,6 +105,7 @@ def convert(
             model_name=model_name,
             on_start=bar.start,
             on_tensor=lambda name, n: bar.advance(n, name),
+            card=card,
         )
     for plan in result.fallbacks:  # never silent: the file differs from what was asked
         click.echo(f"note: {plan.name}: {plan.reason}", err=True)
