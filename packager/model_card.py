@@ -54,6 +54,7 @@ _GGUF_KEYS = {
         "general.base_model.0.name",
         "general.repo_url",
         "general.url",
+        "general.organization",  # who published it, when no address is given
     ),
     "training_data": ("general.datasets", "general.dataset.0.name"),
 }

@@ -6,8 +6,10 @@
    and labelled, the size target drawn as a line. Quality is the search's objective
    (importance-weighted predicted error; KL units once the probe calibrated it); the
    chosen plan also shows its measured KL (probe tokens) and held-out KL (``--eval``).
-2. **Bits per layer**, stacked by encoding (bits each encoding contributes per weight of
-   the layer), with a legend, the target bits per weight and the file's achieved one.
+2. **Bits per layer** (or tensor group: embed, output) of the weight matrices, stacked by
+   encoding (the bits each encoding contributes per weight of the layer), with a legend,
+   the target bits per weight and the file's achieved one (both whole-file figures;
+   the 1-D norms, always f32 and a negligible share, are left out of the bars).
 3. **Predicted vs measured error** per tensor (the error model behind the search).
 
 :func:`plot_series` returns the data every panel is drawn from (also stored in
@@ -122,6 +124,8 @@ def _layers(r: BuildResult) -> list[LayerBar]:
     params: dict[str, int] = {}
     nbytes: dict[str, dict[str, int]] = {}
     for s in r.sensitivities:
+        if len(s.shape) < 2:
+            continue
         g = _group(s)
         opt = r.plan.choices[s.name]
         params[g] = params.get(g, 0) + s.numel
@@ -170,12 +174,13 @@ def draw_plot(series: PlotSeries, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(3, 1, figsize=(12, 13), gridspec_kw={"height_ratios": [4, 3, 3]})
+    fig, axes = plt.subplots(
+        3, 1, figsize=(12, 13), gridspec_kw={"height_ratios": [4, 3, 3]}, layout="constrained"
+    )
     fig.suptitle(series.title)
     _draw_tradeoff(axes[0], series)
     _draw_layers(axes[1], series, plt)
     _draw_errors(axes[2], series)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -234,8 +239,9 @@ def _draw_layers(ax: Any, s: PlotSeries, plt: Any) -> None:
         ax.axhline(s.target_bpw, color="black", linestyle="--",
                    label=f"target {s.target_bpw:.2f} bpw (whole file)")
     ax.axhline(s.bpw, color="tab:red", linestyle=":", label=f"written {s.bpw:.2f} bpw")
+    ax.set_ylim(0, 1.45 * max([*bottom, s.target_bpw or 0.0, s.bpw]))  # room for the legend
     ax.set_xticks(x)
-    ax.set_xticklabels([bar.group for bar in s.layers], fontsize=7, rotation=90)
+    ax.set_xticklabels([bar.group for bar in s.layers], fontsize=7)
     ax.set_xlabel("layer (or tensor group)")
     ax.set_ylabel("bits / weight")
     ax.set_title("bits per layer by encoding")
@@ -248,7 +254,10 @@ def _draw_errors(ax: Any, s: PlotSeries) -> None:
                 color="tab:orange")
     ax.semilogy(x, [_positive(v) for v in s.measured], "x", label="measured",
                 color="tab:green", markersize=4)
+    ticks = [i for i, n in enumerate(s.tensors) if "attn_q" in n or n.startswith(("embed", "output"))]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([s.tensors[i].replace(".weight", "") for i in ticks], rotation=90,
+                       fontsize=6)
     ax.set_ylabel("error (objective units)")
-    ax.set_xlabel("tensor")
     ax.set_title("per-tensor error: predicted vs measured")
     ax.legend(fontsize=8)
