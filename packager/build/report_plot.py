@@ -254,7 +254,8 @@ def _draw_errors(ax: Any, s: PlotSeries) -> None:
                 color="tab:orange")
     ax.semilogy(x, [_positive(v) for v in s.measured], "x", label="measured",
                 color="tab:green", markersize=4)
-    ticks = [i for i, n in enumerate(s.tensors) if "attn_q" in n or n.startswith(("embed", "output"))]
+    marks = ("embed", "output")
+    ticks = [i for i, n in enumerate(s.tensors) if "attn_q" in n or n.startswith(marks)]
     ax.set_xticks(ticks)
     ax.set_xticklabels([s.tensors[i].replace(".weight", "") for i in ticks], rotation=90,
                        fontsize=6)
