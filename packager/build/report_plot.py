@@ -187,7 +187,7 @@ def draw_plot(series: PlotSeries, path: Path) -> Path | None:
 
 
 def _positive(v: float) -> float:
-    return max(v, 1e-12)  # log axes
+    return v if v > 0 else float("nan")  # log axes: a zero is not drawn
 
 
 def _draw_tradeoff(ax: Any, s: PlotSeries) -> None:
@@ -208,8 +208,9 @@ def _draw_tradeoff(ax: Any, s: PlotSeries) -> None:
     cx, cy = c.file_bytes / 1e6, _positive(c.objective)
     ax.plot([cx], [cy], marker="*", markersize=18, color="tab:red", linestyle="",
             label="chosen plan (predicted)")
-    ax.annotate(c.label, (cx, cy), textcoords="offset points", xytext=(10, 10),
-                fontsize=9, color="tab:red", fontweight="bold")
+    ax.annotate(c.label, (cx, cy), textcoords="offset points", xytext=(12, -22),
+                fontsize=9, color="tab:red", fontweight="bold",
+                bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9})
     if c.measured_kl is not None:
         ax.plot([cx], [_positive(c.measured_kl)], marker="x", markersize=10, color="tab:red",
                 linestyle="", label="chosen: measured KL (probe tokens)")
