@@ -18,7 +18,7 @@ from ..recipe import Recipe
 from .result import Progress
 from .source import FloatModel
 
-__all__ = ["HeldOutError", "check_held_out", "evaluate_build"]
+__all__ = ["HeldOutError", "check_eval_text", "check_held_out", "evaluate_build"]
 
 
 class HeldOutError(InputError):
@@ -43,6 +43,22 @@ def check_held_out(eval_file: str | Path, calib_file: str | Path | None) -> Path
                 "give held-out text the build did not calibrate on"
             )
     return ev
+
+
+def check_eval_text(fm: FloatModel, eval_file: Path, recipe: Recipe) -> None:
+    """Refuse, before minutes of building, a model without a tokenizer or a text shorter
+    than one chunk of ``[eval] ctx`` tokens."""
+    from edgepack.runtime_shim import Tokenizer
+
+    if fm.tokenizer_json is None:
+        raise InputError("--eval needs the model's tokenizer and the source has none")
+    text = eval_file.read_text(encoding="utf-8")
+    n = len(Tokenizer.from_json(fm.tokenizer_json).encode(text, add_special_tokens=True))
+    if n < recipe.evaluation.ctx:
+        raise InputError(
+            f"evaluation text {eval_file.name} has {n} tokens, fewer than one chunk of "
+            f"{recipe.evaluation.ctx}: give a longer text or a smaller [eval] ctx"
+        )
 
 
 def evaluate_build(

@@ -38,7 +38,7 @@ from .budget import (
     stored_size,
 )
 from .calibrate import calibrate, probe_ids
-from .evaluate import check_held_out, evaluate_build
+from .evaluate import check_eval_text, check_held_out, evaluate_build
 from .measure import gptq_gains, probe_label
 from .plan_doc import plan_doc
 from .quantize import quantize, quantize_embedding
@@ -103,6 +103,8 @@ def build(
     fm.card = merge_card(fm.card, dict(card or {}))
     release = {"min_runtime_version": min_runtime_version}
     try:
+        if held_out is not None:  # before the minutes of building
+            check_eval_text(fm, held_out, recipe)
         return _build(
             fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release,
             held_out,

@@ -164,3 +164,13 @@ def test_build_cli_eval_json(root: Path, gguf: Path, texts, capsys) -> None:
     assert doc["evaluation"]["chunks"] == 2 and doc["evaluation"]["kl_mean"] >= 0
     assert main([*args, "--eval", str(calib), "--force"]) != 0
     assert "calibration text" in capsys.readouterr().err
+
+
+def test_eval_text_shorter_than_a_chunk_fails_before_building(root: Path, gguf: Path) -> None:
+    from edgepack.packager.errors import InputError
+
+    short = root / "short.txt"
+    short.write_text("Too short.")
+    with pytest.raises(InputError, match="fewer than one chunk"):
+        build(gguf, root / "z.epk", parse_recipe(_recipe()), eval_file=short)
+    assert not (root / "z.epk").exists()
