@@ -83,13 +83,16 @@ def _text(value: Any) -> str | None:
     return None
 
 
-def _from_gguf(meta: Mapping[str, Any]) -> Fields:
+def _first_keys(
+    meta: Mapping[str, Any], table: Mapping[str, tuple[str, ...]], origin: str
+) -> Fields:
+    """Per field, the first of its keys in ``meta`` that holds text."""
     out: Fields = {}
-    for name, keys in _GGUF_KEYS.items():
+    for name, keys in table.items():
         for key in keys:
             text = _text(meta.get(key))
             if text:
-                out[name] = (text, f"gguf {key}")
+                out[name] = (text, f"{origin} {key}")
                 break
     return out
 
@@ -140,13 +143,7 @@ def read_card_markdown(text: str, origin: str) -> Fields:
             raise ModelCardError(f"{origin}: front matter is not valid YAML: {exc}") from None
     if not isinstance(meta, dict):
         raise ModelCardError(f"{origin}: front matter must be a mapping")
-    out: Fields = {}
-    for name, keys in _FRONT_MATTER_KEYS.items():
-        for key in keys:
-            text_value = _text(meta.get(key))
-            if text_value:
-                out[name] = (text_value, f"{origin} front matter {key}")
-                break
+    out = _first_keys(meta, _FRONT_MATTER_KEYS, f"{origin} front matter")
     for name, paragraph in _paragraphs_under(body).items():
         out.setdefault(name, (paragraph, f"{origin} section"))
     return out
@@ -159,7 +156,7 @@ def source_card(
     or the README.md beside a safetensors model's files."""
     files = list(source_files)
     if source_config and any(str(k).startswith("general.") for k in source_config):
-        return _from_gguf(source_config)
+        return _first_keys(source_config, _GGUF_KEYS, "gguf")
     for folder in dict.fromkeys(p.parent for p in files):
         readme = folder / "README.md"
         if readme.is_file():

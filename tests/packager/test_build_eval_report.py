@@ -8,26 +8,21 @@ import json
 from pathlib import Path
 
 import pytest
-from runtime_fixtures import calibration_text, convert_to, eval_text
+from runtime_fixtures import (
+    calibration_text,
+    convert_to,
+    eval_text,
+    tied_tiny_gguf,
+    tiny_spec,
+)
 
 from edgepack.packager.build import build
 from edgepack.packager.build.evaluate import HeldOutError
 from edgepack.packager.build.report_plot import plot_series
 from edgepack.packager.evaluate import evaluate
-from edgepack.packager.importers.synthetic import (
-    TinyLlamaSpec,
-    tiny_llama_weights,
-    write_gguf_llama,
-)
 from edgepack.packager.recipe import RecipeError, parse_recipe
 
-SPEC = TinyLlamaSpec(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    vocab_size=288,
-    tie_word_embeddings=True,
-)
+SPEC = tiny_spec(hidden_size=64, intermediate_size=128, tie_word_embeddings=True)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -38,11 +33,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gguf(root: Path) -> Path:
-    w = tiny_llama_weights(SPEC)
-    w.pop("lm_head.weight", None)
-    path = root / "tiny.gguf"
-    write_gguf_llama(path, SPEC, w)
-    return path
+    return tied_tiny_gguf(root / "tiny.gguf", SPEC)
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from runtime_fixtures import tied_tiny_gguf
 
 from edgepack.format import Package, SectionKind
 from edgepack.format.model_card import MODEL_CARD_SECTION, read_model_card
 from edgepack.packager.build import build
 from edgepack.packager.convert import convert
-from edgepack.packager.importers.synthetic import (
-    TinyLlamaSpec,
-    tiny_llama_weights,
-    write_gguf_llama,
-    write_hf_llama,
-)
+from edgepack.packager.importers.synthetic import TinyLlamaSpec, write_hf_llama
 from edgepack.packager.model_card import (
     ModelCardError,
     card_overrides,
@@ -67,11 +63,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gguf(root: Path) -> Path:
-    w = tiny_llama_weights(SPEC)
-    w.pop("lm_head.weight", None)
-    path = root / "tiny.gguf"
-    write_gguf_llama(path, SPEC, w, metadata=GGUF_META)
-    return path
+    return tied_tiny_gguf(root / "tiny.gguf", SPEC, metadata=GGUF_META)
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +133,7 @@ def test_build_carries_the_card_and_its_flags(root: Path, gguf: Path) -> None:
 
 
 def test_no_metadata_no_section(root: Path) -> None:
-    w = tiny_llama_weights(SPEC)
-    w.pop("lm_head.weight", None)
-    bare = root / "bare.gguf"
-    write_gguf_llama(bare, SPEC, w)
+    bare = tied_tiny_gguf(root / "bare.gguf", SPEC)
     out = convert(bare, root / "bare.epk", encoding="int8").path
     with Package.open(out) as pkg:
         assert read_model_card(pkg) is None
