@@ -201,8 +201,9 @@ def _draw_tradeoff(ax: Any, s: PlotSeries) -> None:
         name = "search at other budgets" if kind == "search" else "uniform plans"
         ax.plot(xs, ys, marker=marker, linestyle=style, color=color, label=name, alpha=0.8)
         if kind == "uniform":
-            for p, x, y in zip(pts, xs, ys, strict=True):
-                ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, 4),
+            for i, (p, x, y) in enumerate(zip(pts, xs, ys, strict=True)):
+                dy = 4 if i % 2 == 0 else -11  # neighbours' labels on either side
+                ax.annotate(p.label, (x, y), textcoords="offset points", xytext=(4, dy),
                             fontsize=7, color="dimgray")
     c = s.chosen
     cx, cy = c.file_bytes / 1e6, _positive(c.objective)
