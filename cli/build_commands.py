@@ -15,6 +15,7 @@ from .options import (
     json_option,
     kernels_option,
     kernels_or_none,
+    model_card_options,
     output_option,
     prefix_options,
     release_options,
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
 @output_option(
-    "Package to write (.epk).", inputs=("src", "recipe", "lut", "calib", "prefix_file")
+    "Package to write (.epk).",
+    inputs=("src", "recipe", "lut", "calib", "eval_file", "card_file", "prefix_file"),
 )
 @click.option("--recipe", type=click.Path(exists=True, dir_okay=False), help="TOML recipe.")
 @click.option("--target-bpw", type=float, default=None, help="Bits per weight, whole file.")
@@ -41,7 +43,14 @@ if TYPE_CHECKING:
 @click.option("--calib", type=click.Path(exists=True, dir_okay=False), help="Text or JSONL.")
 @sign_key_option("the package")
 @release_options
-@click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
+@model_card_options
+@click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png / .json.")
+@click.option(
+    "--eval",
+    "eval_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Held-out text: PPL, KL and top-1 of the package against the float model.",
+)
 @prefix_options
 def build(
     src: str,
@@ -57,6 +66,8 @@ def build(
     model_version: str,
     min_runtime_version: str | None,
     no_report: bool,
+    eval_file: str | None,
+    card: dict,
     prefixes: PrefixRequest | None,
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
@@ -89,27 +100,11 @@ def build(
             model_name=model_name,
             model_version=model_version,
             min_runtime_version=min_runtime_version,
+            eval_file=eval_file,
+            card=card,
             prefixes=prefixes,
         )
-    record(
-        path=str(result.path),
-        size=result.nbytes,
-        params=result.params,
-        bits_per_weight=result.bpw,
-        target_size=result.target_size,
-        predicted_kl=result.predicted_kl,
-        measured_kl=result.measured_kl,
-        encodings={
-            label: {"tensors": n, "params": p}
-            for label, (n, p) in result.encoding_counts().items()
-        },
-        fallbacks=result.fallbacks,
-        phases_seconds=result.phases,
-        peak_rss_bytes=result.peak_rss,
-        report=str(result.report_path) if result.report_path else None,
-        plot=str(result.plot_path) if result.plot_path else None,
-        prefix_caches=[c.to_json() for c in result.prefix_caches],
-    )
+    record(**result.to_json())
     for line in result.summary():
         click.echo(line)
     if result.report_path:

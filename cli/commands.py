@@ -16,6 +16,7 @@ from .exit_codes import EXIT_OK
 from .options import (
     LazyHelpOption,
     json_option,
+    model_card_options,
     output_option,
     prefix_options,
     release_options,
@@ -58,7 +59,7 @@ def keygen(name: str) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
-@output_option("Package to write (.epk).", inputs=("src", "prefix_file"))
+@output_option("Package to write (.epk).", inputs=("src", "card_file", "prefix_file"))
 @click.option(
     "--encoding",
     cls=LazyHelpOption,
@@ -74,6 +75,7 @@ def keygen(name: str) -> None:
 )
 @sign_key_option("the package")
 @release_options
+@model_card_options
 @prefix_options
 def convert(
     src: str,
@@ -84,6 +86,7 @@ def convert(
     model_name: str | None,
     model_version: str,
     min_runtime_version: str | None,
+    card: dict,
     prefixes: PrefixRequest | None,
 ) -> None:
     """Convert a safetensors file, HF directory or GGUF file into a package."""
@@ -113,6 +116,7 @@ def convert(
                 model_name=model_name,
                 on_start=bar.start,
                 on_tensor=lambda name, n: bar.advance(n, name),
+                card=card,
             )
 
         if prefixes is None:

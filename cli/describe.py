@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from edgepack.format import Encoding, Package
+from edgepack.format.model_card import CARD_FIELDS, read_model_card
 
 from .describe_prefix import describe_prefix_caches, prefix_caches_json
 
@@ -39,6 +40,7 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
             "source_sha256": h.provenance.source_sha256,
             "recipe": h.provenance.recipe,
         },
+        "model_card": read_model_card(pkg),
         "header_digest": pre.header_digest.hex(),
         "signed": pre.signed,
         "sections": [
@@ -86,8 +88,9 @@ def describe_header(pkg: Package) -> str:
         f"{h.provenance.source_name or '?'} (sha256 {h.provenance.source_sha256[:16]})",
         f"  signature    {'present' if pre.signed else 'none'}   header sha256 "
         f"{pre.header_digest.hex()[:16]}",
-        f"  sections     {len(h.sections)}",
     ]
+    lines += _card_lines(read_model_card(pkg))
+    lines += [f"  sections     {len(h.sections)}"]
     for s in h.sections:
         comp = " zstd" if s.compression else ""
         lines.append(
@@ -114,3 +117,16 @@ def describe_header(pkg: Package) -> str:
         lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params {nbytes:>14,} B")
     lines += describe_prefix_caches(pkg)
     return "\n".join(lines)
+
+
+def _card_lines(card: dict[str, Any] | None) -> list[str]:
+    """The model card, one field a line (long text cut to one line)."""
+    if not card:
+        return ["  model card   none"]
+    out = ["  model card"]
+    for name in CARD_FIELDS:
+        if card.get(name):
+            text = " ".join(str(card[name]).split())
+            text = text if len(text) <= 90 else text[:87] + "..."
+            out.append(f"    {name.replace('_', ' '):<14} {text}")
+    return out

@@ -27,6 +27,7 @@ __all__ = [
     "kernels_option",
     "kernels_or_none",
     "kv_default",
+    "model_card_options",
     "model_name_value",
     "output_option",
     "release_options",
@@ -325,3 +326,41 @@ def prefix_options(command: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(exists=True, dir_okay=False),
         help="Store KV caches for these prefixes: a JSON list of strings or one per line.",
     )(wrapped)
+def model_card_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--license``, ``--description``, ``--intended-use``, ``--card FILE.json|md``: the
+    model card's fields, over what the source states; passed as one ``card`` (field ->
+    (value, origin), :func:`edgepack.packager.model_card.card_overrides`), read before the
+    command's work so a bad card file fails first."""
+
+    @functools.wraps(func)
+    def collected(
+        *args: Any,
+        license: str | None,
+        description: str | None,
+        intended_use: str | None,
+        card_file: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        from edgepack.packager.model_card import card_overrides
+
+        card = card_overrides(
+            card_file, license=license, description=description, intended_use=intended_use
+        )
+        return func(*args, card=card, **kwargs)
+
+    for option in reversed(
+        (
+            click.option("--license", default=None, help="Model card: license (SPDX id)."),
+            click.option("--description", default=None, help="Model card: what the model is."),
+            click.option("--intended-use", default=None, help="Model card: what it is for."),
+            click.option(
+                "--card",
+                "card_file",
+                type=click.Path(exists=True, dir_okay=False),
+                help="Model card file: JSON object of its fields, or Markdown with YAML "
+                "front matter (flags override it; it overrides the source's metadata).",
+            ),
+        )
+    ):
+        collected = option(collected)
+    return collected

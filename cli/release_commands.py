@@ -525,6 +525,7 @@ def releases(
             "SHA256",
             "DELTAS",
             "MIN RUNTIME",
+            "LICENSE",
             "PUBLISHED",
         )
     ]
@@ -539,6 +540,7 @@ def releases(
                 r.sha256[:12],
                 str(len(r.deltas)),
                 r.requirements.min_runtime_version,
+                str((r.model_card or {}).get("license") or "-"),
                 r.published,
             )
         )

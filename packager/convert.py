@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from .encode import GROUP_SIZES, EncodingChoice, encode_tensor, parse_encoding
 from .errors import ImportModelError, InputError
 from .importers import SourceModel, SourceTensor, open_source
 from .importers.config import check_convertible
+from .model_card import card_section, merge_card, source_card
 
 __all__ = [
     "ConvertResult",
@@ -147,13 +148,17 @@ def convert(
     model_name: str | None = None,
     on_start: Callable[[int], None] | None = None,
     on_tensor: Callable[[str, int], None] | None = None,
+    card: Mapping[str, tuple[str, str]] | None = None,
 ) -> ConvertResult:
     """Import ``src`` and write ``out``; returns the per-tensor plan and byte counts.
 
     ``model_name`` defaults to the source's name slugged (:func:`resolve_model_name`); a
     bad name or version raises InputError before the source is read.
     ``on_start(total_elements)`` and ``on_tensor(name, elements)`` drive a progress bar.
+    ``card``: model-card fields the user gave (:func:`.model_card.card_overrides`), over
+    those the source states.
     """
+
     check_release_fields(model_version, min_runtime_version)
     given_name = resolve_model_name(model_name, "") if model_name is not None else None
     source: SourceModel = open_source(src)
@@ -162,6 +167,8 @@ def convert(
     base = parse_encoding(encoding)
     embed = parse_encoding(embedding_encoding) if embedding_encoding else None
     plans = plan_encodings(source.tensors, base, embed)
+    found = source_card(source.source_files, source.config.get("source_config"))
+    card_sec = card_section(merge_card(found, dict(card or {})))
     identity = ModelIdentity(
         name=given_name or resolve_model_name(None, source.name),
         version=model_version,
@@ -189,7 +196,7 @@ def convert(
     for tensor, plan in zip(source.tensors, plans, strict=True):
         choice = plan.choice
         sizer.declare_tensor(tensor.name, choice.encoding, tensor.shape, choice.group_size)
-    _add_sections(sizer, source, plans)
+    _add_sections(sizer, source, plans, card_sec)
     with PackageWriter(out, identity, data_offset=sizer.data_offset, **meta) as writer:
         for tensor, plan in zip(source.tensors, plans, strict=True):
             encoded = encode_tensor(tensor.load(), plan.choice, tensor.name)
@@ -207,7 +214,7 @@ def convert(
             del encoded
             if on_tensor:
                 on_tensor(tensor.name, math.prod(tensor.shape))
-        _add_sections(writer, source, plans)
+        _add_sections(writer, source, plans, card_sec)
         writer.finish(signing_keys)
     _check_opens(Path(out), source.name)
     return ConvertResult(Path(out), plans, tensor_bytes)
@@ -224,7 +231,12 @@ def _check_opens(path: Path, name: str) -> None:
         raise ImportModelError(f"{name}: {exc}") from None
 
 
-def _add_sections(writer: PackageSizer, source: SourceModel, plans: list[TensorPlan]) -> None:
+def _add_sections(
+    writer: PackageSizer, source: SourceModel, plans: list[TensorPlan], card: tuple | None
+) -> None:
+    if card is not None:
+        kind, data, name, media = card
+        writer.add_section(kind, data, name=name, media_type=media)
     if source.tokenizer_json:
         writer.add_section(
             SectionKind.TOKENIZER,

@@ -46,6 +46,11 @@ encodings, regexes, budgets), so a bad recipe fails before minutes of calibratio
     keys = "int8"
     values = "int4"
 
+    [eval]                          # after writing: PPL, KL, top-1 against the float model
+    file = ""                       # held-out text (never the calibration file)
+    ctx = 512                       # tokens per chunk (edgepack eval's protocol)
+    chunks = 0                      # at most this many chunks (0 = the whole text)
+
     [[prefixes]]                    # placeholders: used by the prefix-KV issue
     name = "system"
     text = "You are a helpful assistant."
@@ -74,6 +79,7 @@ from .errors import RecipeError
 __all__ = [
     "AdapterSpec",
     "CalibrationSpec",
+    "EvalSpec",
     "FactorizeSpec",
     "KVCachePolicy",
     "PrefixSpec",
@@ -164,6 +170,13 @@ class KVCachePolicy:
 
 
 @dataclass(frozen=True)
+class EvalSpec:
+    file: str | None = None
+    ctx: int = 512
+    chunks: int = 0
+
+
+@dataclass(frozen=True)
 class PrefixSpec:
     name: str
     text: str
@@ -186,6 +199,7 @@ class Recipe:
     kv_cache: KVCachePolicy = field(default_factory=KVCachePolicy)
     prefixes: tuple[PrefixSpec, ...] = ()
     adapters: tuple[AdapterSpec, ...] = ()
+    evaluation: EvalSpec = field(default_factory=EvalSpec)
 
     def protected(self, name: str) -> EncodingChoice | None:
         """The fixed encoding of tensor ``name`` (first matching pattern), or None."""
@@ -224,6 +238,7 @@ class Recipe:
 
         out = conv(self)
         out["protect"] = dict(self.protect)
+        del out["evaluation"]  # measures the package, does not make it: not provenance
         return out
 
 
@@ -246,7 +261,7 @@ def load_recipe(path: str | Path | None) -> Recipe:
 def parse_recipe(data: dict[str, Any], where: str = "recipe") -> Recipe:
     """Validate a recipe already parsed from TOML (or built in code)."""
     known = {"quantize", "factorize", "protect", "search", "calibration", "kv_cache"}
-    known |= {"prefixes", "adapters"}
+    known |= {"prefixes", "adapters", "eval"}
     _no_unknown(data, known, where)
     q = _section(data, "quantize", QuantizeSpec, where)
     f = _section(data, "factorize", FactorizeSpec, where)
@@ -258,7 +273,8 @@ def parse_recipe(data: dict[str, Any], where: str = "recipe") -> Recipe:
         raise RecipeError(f"{where}: [protect] must map regexes to encodings")
     prefixes = tuple(_items(data, "prefixes", PrefixSpec, where))
     adapters = tuple(_items(data, "adapters", AdapterSpec, where))
-    recipe = Recipe(q, f, tuple(protect.items()), s, c, kv, prefixes, adapters)
+    ev = _section(data, "eval", EvalSpec, where)
+    recipe = Recipe(q, f, tuple(protect.items()), s, c, kv, prefixes, adapters, ev)
     _validate(recipe, where)
     return recipe
 
@@ -395,6 +411,8 @@ def _validate(r: Recipe, where: str) -> None:
         raise RecipeError(f"{where}: calibration samples must be in 1..4096")
     if not 2 <= c.min_tokens <= c.max_tokens:
         raise RecipeError(f"{where}: need 2 <= min_tokens <= max_tokens")
+    if r.evaluation.ctx < 4 or r.evaluation.chunks < 0:
+        raise RecipeError(f"{where}: [eval] needs ctx >= 4 and chunks >= 0")
     if r.kv_cache.keys not in ("int8", "f16", "f32"):
         raise RecipeError(f"{where}: kv_cache keys must be int8, f16 or f32")
     if r.kv_cache.values not in ("int4", "int8", "f16", "f32"):

@@ -1,18 +1,20 @@
-"""The build report: ``OUT.report.md`` and ``OUT.report.png`` next to the package.
+"""The build report: ``OUT.report.md``, ``OUT.report.json`` and ``OUT.report.png``
+next to the package.
 
 The Markdown holds the summary (size, bits per weight, encodings, search objective,
-timings, memory), the calibration figures, the per-kind probe multipliers and one row per
-tensor (choice, bits, importance, predicted and measured error, proxies). The PNG (when
-matplotlib is installed) plots, along the model's tensors: bits per weight chosen,
-the sensitivity (cost of the cheapest candidate over the chosen one's), and predicted vs
-measured error.
+held-out quality with ``--eval``, timings, memory), the calibration figures, the
+per-kind probe multipliers and one row per tensor (choice, bits, importance, predicted
+and measured error, proxies). The JSON holds ``BuildResult.to_json()`` and the plot's
+series; the PNG (when matplotlib is installed) is drawn by :mod:`.build.report_plot`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .build.report_plot import draw_plot, plot_series
 from .recipe import Recipe
 
 if TYPE_CHECKING:
@@ -26,10 +28,13 @@ def _bits(nbytes: int, numel: int) -> float:
 
 
 def write_report(result: BuildResult, recipe: Recipe) -> tuple[Path, Path | None]:
-    md = result.path.with_suffix(".report.md")  # OUT.epk -> OUT.report.md, OUT.report.png
-    png = result.path.with_suffix(".report.png")
-    plot = _plot(result, png)
+    md = result.path.with_suffix(".report.md")  # OUT.epk -> OUT.report.md, .png, .json
+    series = plot_series(result, recipe)
+    plot = draw_plot(series, result.path.with_suffix(".report.png"))
     md.write_text(_markdown(result, recipe, plot))
+    doc = {**result.to_json(), "report": str(md), "plot": str(plot) if plot else None}
+    doc["plot_data"] = series.to_json()
+    result.path.with_suffix(".report.json").write_text(json.dumps(doc, indent=2) + "\n")
     return md, plot
 
 
@@ -68,11 +73,25 @@ def _markdown(r: BuildResult, recipe: Recipe, plot: Path | None) -> str:
                 f"{d['multiplier']:.3g} |"
             )
         lines.append("")
+    if r.evaluation is not None:
+        e = r.evaluation
+        lines += [
+            "## Held-out quality (against the float model)",
+            "",
+            f"{Path(r.eval_file or '').name}: {e.tokens} tokens in {e.chunks} chunks of {e.ctx}",
+            "",
+            "| | PPL | mean KL | top-1 agreement |",
+            "|---|---|---|---|",
+            f"| float | {e.ref_ppl:.4f} | | |",
+            f"| package | {e.ppl:.4f} +/- {e.ppl_stderr:.4f} | {e.kl_mean:.5f} +/- "
+            f"{e.kl_stderr:.5f} | {100 * (e.top1 or 0.0):.2f} % |",
+            "",
+        ]
     if r.fallbacks:
         lines += ["## Group-size fallbacks", ""]
         lines += [f"- `{name}`: {why}" for name, why in r.fallbacks.items()] + [""]
     if plot is not None:
-        lines += [f"![per-tensor plan]({plot.name})", ""]
+        lines += [f"![size against quality, bits per layer]({plot.name})", ""]
     lines += [
         "## Tensors",
         "",
@@ -90,43 +109,3 @@ def _markdown(r: BuildResult, recipe: Recipe, plot: Path | None) -> str:
         )
     lines.append("")
     return "\n".join(lines)
-
-
-def _plot(r: BuildResult, path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = [t for t in r.sensitivities if len(t.shape) >= 2]
-    if not rows:
-        return None
-    x = list(range(len(rows)))
-    bits = [_bits(r.plan.choices[t.name].nbytes, t.numel) for t in rows]
-    sens = []
-    for t in rows:
-        worst = max(t.cost(o) for o in t.options)
-        sens.append(max(worst, 1e-12))
-    pred = [max(r.predicted.get(t.name, 0.0), 1e-12) for t in rows]
-    meas = [max(r.measured.get(t.name, 0.0), 1e-12) for t in rows]
-    fig, axes = plt.subplots(3, 1, figsize=(12, 9), sharex=True)
-    axes[0].bar(x, bits, color="tab:blue")
-    axes[0].set_ylabel("bits / weight")
-    axes[0].set_title(f"{r.path.name}: {r.bpw:.2f} bpw, {r.nbytes / 1e6:.2f} MB")
-    axes[1].semilogy(x, sens, ".", color="tab:red")
-    axes[1].set_ylabel("sensitivity\n(cost, cheapest option)")
-    axes[2].semilogy(x, pred, ".", label="predicted", color="tab:orange")
-    axes[2].semilogy(x, meas, "x", label="measured", color="tab:green", markersize=4)
-    axes[2].set_ylabel("error (objective units)")
-    axes[2].legend()
-    ticks = [i for i, t in enumerate(rows) if t.kind in ("attn_q", "embed", "output")]
-    axes[2].set_xticks(ticks)
-    axes[2].set_xticklabels(
-        [rows[i].name.replace(".weight", "") for i in ticks], rotation=90, fontsize=6
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -185,3 +185,13 @@ def tiny_package(factory, encoding: str) -> Path:
     """A tiny Llama converted to ``encoding`` in a fresh temporary folder."""
     root = factory.mktemp(f"tiny-{encoding}")
     return convert_to(root, tiny_model_dir(root), encoding)
+
+
+def tied_tiny_gguf(path: Path, spec, metadata: dict[str, str] | None = None) -> Path:
+    """A tiny Llama GGUF with a tied head (no ``output.weight``), as SmolLM2 ships."""
+    from edgepack.packager.importers.synthetic import tiny_llama_weights, write_gguf_llama
+
+    w = tiny_llama_weights(spec)
+    w.pop("lm_head.weight", None)
+    write_gguf_llama(path, spec, w, metadata=metadata)
+    return path

@@ -18,6 +18,7 @@ from ..convert import check_release_fields, resolve_model_name
 from ..encode import parse_encoding
 from ..errors import InputError
 from ..factorize import add_low_rank_options
+from ..model_card import Fields, merge_card
 from ..prefix import PrefixCacheInfo, PrefixRequest, write_with_prefixes
 from ..recipe import Recipe
 from ..search import Plan, SearchError, search
@@ -38,6 +39,7 @@ from .budget import (
     stored_size,
 )
 from .calibrate import calibrate, probe_ids
+from .evaluate import check_eval_text, check_held_out, evaluate_build
 from .measure import gptq_gains, probe_label
 from .plan_doc import plan_doc
 from .quantize import quantize, quantize_embedding
@@ -71,16 +73,22 @@ def build(
     model_version: str = "1.0.0",
     min_runtime_version: str | None = None,
     prefixes: PrefixRequest | None = None,
+    eval_file: str | Path | None = None,
+    card: Fields | None = None,
 ) -> BuildResult:
     """Build ``out`` from ``src`` following ``recipe`` (see the package docstring).
     ``model_name`` defaults to the source's (made valid); the version fields are checked
-    before the source is read."""
+    before the source is read. ``eval_file`` (default: the recipe's ``[eval] file``):
+    held-out text the written package is scored on against the float model. ``card``:
+    model-card fields the user gave, over the source's (:mod:`..model_card`)."""
     from edgepack.runtime_shim.instrument import set_blas_threads
 
     check_release_fields(model_version, min_runtime_version)
     given_name = resolve_model_name(model_name, "") if model_name is not None else None
     recipe = recipe or Recipe()
     progress = progress or Progress()
+    held_out = eval_file or recipe.evaluation.file
+    held_out = check_held_out(held_out, calib_file or recipe.calibration.file) if held_out else None
     # One BLAS thread: OpenBLAS's own threads spin and collapse on a busy machine; the
     # parallelism is the kernels' row blocks.
     set_blas_threads(1)
@@ -94,11 +102,15 @@ def build(
     phases["import"] = time.perf_counter() - t0
     name = given_name or resolve_model_name(None, fm.identity.name)
     fm.identity = replace(fm.identity, name=name, version=model_version)
+    fm.card = merge_card(fm.card, dict(card or {}))
     release = {"min_runtime_version": min_runtime_version}
     try:
+        if held_out is not None:  # before the minutes of building
+            check_eval_text(fm, held_out, recipe)
         return _build(
             fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release,
             prefixes,
+            held_out,
         )
     finally:
         fm.close()
@@ -130,6 +142,7 @@ def _build(
     phases: dict[str, float],
     release: dict[str, Any],
     prefixes: PrefixRequest | None = None,
+    held_out: Path | None = None,
 ) -> BuildResult:
     q = recipe.quantize
     candidates = q.candidates()
@@ -254,6 +267,11 @@ def _build(
         result.predicted_kl = plan.objective if m.probe_info else None
         progress.advance(1)
         phases["verify"] = time.perf_counter() - t
+    if held_out is not None:
+        t = time.perf_counter()
+        result.evaluation = evaluate_build(fm, out, recipe, held_out, progress)
+        result.eval_file = str(held_out)
+        phases["evaluate"] = time.perf_counter() - t
     result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if report:
         from ..report import write_report

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..evaluate import EvalResult
 from ..prefix import PrefixCacheInfo
 from ..search import Plan
 from ..sensitivity import TensorSensitivity
@@ -45,6 +46,8 @@ class BuildResult:
     scaling: dict[str, Any] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)  # tensor -> why (budget.py)
     prefix_caches: list[PrefixCacheInfo] = field(default_factory=list)
+    evaluation: EvalResult | None = None  # on held-out text vs the float model (--eval)
+    eval_file: str | None = None
 
     @property
     def bpw(self) -> float:
@@ -77,6 +80,7 @@ class BuildResult:
                 f"probe KL vs float: predicted {self.predicted_kl:.4g}, "
                 f"measured {self.measured_kl:.4g}"
             )
+        lines += self.evaluation_lines()
         phases = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
         lines.append(f"time {sum(self.phases.values()):.1f}s ({phases})")
         lines.append(f"peak RSS {self.peak_rss / 2**20:.0f} MiB")
@@ -84,3 +88,49 @@ class BuildResult:
         lines += [f"note: {name}: {why}" for name, why in self.fallbacks.items()]
         return lines
 
+
+    def evaluation_lines(self) -> list[str]:
+        """The held-out quality against the float model, or nothing without --eval."""
+        e = self.evaluation
+        if e is None:
+            return []
+        return [
+            f"eval on {Path(self.eval_file or '').name} ({e.tokens} tokens, ctx {e.ctx}): "
+            f"PPL {e.ppl:.4f} (float {e.ref_ppl:.4f}), mean KL {e.kl_mean:.5f}, "
+            f"top-1 {100 * (e.top1 or 0.0):.2f} %"
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``build --json`` prints and ``OUT.report.json`` holds."""
+        e = self.evaluation
+        return {
+            "path": str(self.path),
+            "size": self.nbytes,
+            "params": self.params,
+            "bits_per_weight": self.bpw,
+            "target_size": self.target_size,
+            "predicted_kl": self.predicted_kl,
+            "measured_kl": self.measured_kl,
+            "encodings": {
+                label: {"tensors": n, "params": p}
+                for label, (n, p) in self.encoding_counts().items()
+            },
+            "fallbacks": self.fallbacks,
+            "evaluation": None if e is None else {
+                "text": self.eval_file,
+                "ppl": e.ppl,
+                "ppl_stderr": e.ppl_stderr,
+                "float_ppl": e.ref_ppl,
+                "kl_mean": e.kl_mean,
+                "kl_stderr": e.kl_stderr,
+                "top1": e.top1,
+                "tokens": e.tokens,
+                "chunks": e.chunks,
+                "ctx": e.ctx,
+            },
+            "phases_seconds": self.phases,
+            "peak_rss_bytes": self.peak_rss,
+            "report": str(self.report_path) if self.report_path else None,
+            "plot": str(self.plot_path) if self.plot_path else None,
+            "prefix_caches": [c.to_json() for c in self.prefix_caches],
+        }

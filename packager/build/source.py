@@ -33,11 +33,13 @@ from edgepack.format import (
     Provenance,
     SectionKind,
 )
+from edgepack.format.model_card import read_model_card
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
 from ..convert import required_operators
 from ..errors import QuantizedSourceError
+from ..model_card import Fields, card_from_json, card_section, source_card
 from ..quantizers.awq import Transforms
 from .result import Progress
 
@@ -67,6 +69,7 @@ class FloatModel:
     temporary: bool = False
     float_ready: bool = False  # ``path`` holds the complete float package
     transforms: Transforms = field(default_factory=Transforms)
+    card: Fields = field(default_factory=dict)  # model-card fields (..model_card)
 
     def raw(self, name: str) -> np.ndarray:
         if self.float_ready and self._float_package():
@@ -236,6 +239,7 @@ def open_float(src: Path) -> FloatModel:
                 reader=lambda name: pkg.dequantize(name),
                 path=src,
                 float_ready=True,
+                card=card_from_json(read_model_card(pkg)),
             )
         except BaseException:
             pkg.close()
@@ -265,6 +269,7 @@ def open_float(src: Path) -> FloatModel:
         source_name=", ".join(p.name for p in source.source_files),
         source_sha256=source.source_sha256,
         reader=lambda name: by_name[name].load(),
+        card=source_card(source.source_files, raw),
     )
 
 
@@ -286,5 +291,8 @@ def static_sections(fm: FloatModel) -> list[tuple[SectionKind, bytes, str, str]]
         )
     if fm.model_config:
         out.append((SectionKind.MODEL_CONFIG, fm.model_config, "source", "application/json"))
+    card = card_section(fm.card)
+    if card is not None:
+        out.append(card)
     return out
 

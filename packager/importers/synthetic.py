@@ -230,8 +230,10 @@ def write_gguf_llama(
     qtypes: Mapping[str, gguf.GGMLQuantizationType] | None = None,
     pre: str = "smollm",
     extra: Mapping[str, np.ndarray] | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write HF-named ``weights`` as llama.cpp would; ``qtypes`` maps GGUF names to types (F32)."""
+    """Write HF-named ``weights`` as llama.cpp would; ``qtypes`` maps GGUF names to types (F32);
+    ``metadata``: further string keys (``general.license``...)."""
     arch = "qwen2" if spec.model_type == "qwen2" else "llama"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
@@ -257,6 +259,8 @@ def write_gguf_llama(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}")
+    for key, value in (metadata or {}).items():
+        writer.add_string(key, value)
     qtypes = qtypes or {}
     tensors = {_gguf_name(n): w for n, w in weights.items()}
     if arch == "llama":  # convert_hf_to_gguf.py LlamaModel.permute

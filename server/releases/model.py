@@ -20,7 +20,12 @@ Custom fields (schema 1)::
                                    "required_features": [], "encodings": [0, 20]},
                   "deltas": [{"from_version": "1.3.0", "from_sha256": "...",
                               "path": "chat/deltas/<a>-<b>.epkd", "sha256": "...",
-                              "length": 1234}]}}
+                              "length": 1234}],
+                  "model_card": {"license": "apache-2.0", "description": "...",
+                                 "origin": {"license": "gguf general.license", ...}}}}
+
+``model_card`` is the package's card (spec/FORMAT.md 5b) when it has one, so a listing
+of releases shows the license and intended use without fetching the package.
 
 ``rollout_bp`` is the rollout in basis points (1/100 of a percent: canonical JSON, which
 TUF signs, has no floats). Staged rollout is by hashed device id: a device is in when
@@ -246,6 +251,7 @@ class ReleaseInfo:
     deltas: tuple[DeltaInfo, ...] = field(default=())
     chunks: tuple[str, ...] = ()  # chunk_hashes() of the package, chunk_bytes each
     chunk_bytes: int = CHUNK_BYTES
+    model_card: Mapping[str, Any] | None = None  # the package's, read at publish
 
     @property
     def rollout_percent(self) -> float:
@@ -276,6 +282,7 @@ class ReleaseInfo:
                 "deltas": [d.to_dict() for d in self.deltas],
                 **({"chunks": {"size": self.chunk_bytes, "sha256": list(self.chunks)}}
                    if self.chunks else {}),
+                **({"model_card": dict(self.model_card)} if self.model_card else {}),
             }
         }
 
@@ -299,6 +306,7 @@ class ReleaseInfo:
             deltas=tuple(DeltaInfo.from_dict(d) for d in info.get("deltas", ())),
             chunks=tuple(str(h) for h in (info.get("chunks") or {}).get("sha256", ())),
             chunk_bytes=int((info.get("chunks") or {}).get("size", CHUNK_BYTES)),
+            model_card=_card(info.get("model_card")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -315,7 +323,13 @@ class ReleaseInfo:
             "signers": list(self.signers),
             "requirements": self.requirements.to_dict(),
             "deltas": [d.to_dict() for d in self.deltas],
+            "model_card": dict(self.model_card) if self.model_card else None,
         }
+
+
+def _card(value: Any) -> Mapping[str, Any] | None:
+    """A target's card as stored; anything but an object reads as none."""
+    return dict(value) if isinstance(value, Mapping) and value else None
 
 
 class ReleaseIndex:

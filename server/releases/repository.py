@@ -41,6 +41,7 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, Root, Snapshot, TargetFile, Targets, Timestamp
 
 from edgepack.format import Package, parse_semver
+from edgepack.format.model_card import read_model_card
 from edgepack.format.output_file import (
     pid_temporary_directory,
     remove_stale_temporary_directories,
@@ -117,6 +118,7 @@ class PackageFacts:
     length: int
     requirements: Requirements
     signers: tuple[str, ...]
+    model_card: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ def inspect_package(
     with Package.open(path) as pkg:
         report = pkg.verify(keys or None, threshold=threshold)
         header = pkg.header
+        card = read_model_card(pkg)
     name = model or header.identity.name
     try:
         check_name("model", name)
@@ -160,6 +163,7 @@ def inspect_package(
         length=size,
         requirements=Requirements.from_header(header),
         signers=report.trusted_signers,
+        model_card=card,
     )
 
 
@@ -523,6 +527,7 @@ class ReleaseRepository:
                 signers=facts.signers,
                 deltas=deltas,
                 chunks=chunk_hashes(facts.path),
+                model_card=facts.model_card,
             )
             _put_release(targets, release)
             versions = self._commit(repo, targets=targets)
