@@ -1,8 +1,9 @@
 """`edgepack bench`: prompt and generation speed in llama-bench's shape.
 
 Same options (``-p 512 -n 128 -r 5``), the same table (model | size | params | backend |
-threads | test | t/s, mean ± stddev) and, with ``--json``, a list of records with
-llama-bench's field names, so the two tools' figures can be put side by side. The
+threads | test | t/s, mean ± stddev) and, with ``--json``, records with llama-bench's
+field names (``{"records": [...]}``: what ``llama-bench -o json`` prints, in the object
+every command's ``--json`` prints), so the two tools' figures can be put side by side. The
 measurements are :mod:`edgepack.runtime_shim.speed`.
 """
 
@@ -81,7 +82,7 @@ def _table(rows: list[dict[str, str]]) -> str:
 )
 @threads_option
 @kernels_option
-@json_option("a list of records, one per test (llama-bench's field names)")
+@json_option('{"records": [...]}, one record per test with llama-bench\'s field names')
 def bench(
     package: str,
     n_prompt: int,
@@ -124,8 +125,8 @@ def bench(
         }
         for t in tests
     ]
-    if as_json:
-        click.echo(json_text(records))
+    if as_json:  # an object, as every command's: {"error": ...} is then told apart by key
+        click.echo(json_text({"records": records}))
         return
     rows = [
         {
