@@ -9,6 +9,7 @@ measurements are :mod:`edgepack.runtime_shim.speed`.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import click
 
 from .options import json_option, kernels_option, kernels_or_none, threads_option
-from .output import json_text
+from .output import json_text, log_to_stderr
 
 _COLUMNS = ("model", "size", "params", "backend", "threads", "test", "t/s")
 _RIGHT = {"size", "params", "threads", "test", "t/s"}  # aligned as llama-bench aligns them
@@ -98,6 +99,7 @@ def bench(
 
     if n_prompt == 0 and n_gen == 0:
         raise click.UsageError("nothing to measure: -p and -n are both 0")
+    log_to_stderr(logging.Formatter("%(message)s"), logging.WARNING)  # the runtime's warnings
     model = runtime_shim.open(package, threads=threads, kernels=kernels_or_none(kernels))
     with model:
         header = model.package.header
