@@ -52,35 +52,20 @@ def _table(rows: list[dict[str, str]]) -> str:
     return "\n".join([line({c: c for c in _COLUMNS}), rule, *(line(r) for r in rows)])
 
 
+def _count(short: str, name: str, default: int, help: str, least: int = 0) -> Any:
+    """A count option with llama-bench's flag and default."""
+    kind = click.IntRange(min=least)
+    return click.option(short, name, default=default, show_default=True, type=kind, help=help)
+
+
 @click.command(
     epilog="Example: edgepack bench model.epk -p 512 -n 128 -r 5 (llama-bench -m model.gguf "
     "measures llama.cpp the same way)"
 )
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "-p",
-    "--n-prompt",
-    default=512,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Prompt tokens of the prefill test (pp); 0 skips it.",
-)
-@click.option(
-    "-n",
-    "--n-gen",
-    default=128,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Tokens of the generation test (tg); 0 skips it.",
-)
-@click.option(
-    "-r",
-    "--repetitions",
-    default=5,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Timed runs of each test (after one warm-up run).",
-)
+@_count("-p", "--n-prompt", 512, "Prompt tokens of the prefill test (pp); 0 skips it.")
+@_count("-n", "--n-gen", 128, "Tokens of the generation test (tg); 0 skips it.")
+@_count("-r", "--repetitions", 5, "Timed runs of each test (after one warm-up run).", least=1)
 @threads_option
 @kernels_option
 @json_option('{"records": [...]}, one record per test with llama-bench\'s field names')
