@@ -6,6 +6,8 @@ encodings map onto GGUF types bit for bit (:mod:`edgepack.packager.export_gguf_t
 
 from __future__ import annotations
 
+import inspect
+
 import click
 
 from .options import output_option
@@ -21,7 +23,7 @@ class _ExportCommand(click.Command):
 
         extra = f"Exportable: {EXPORTABLE}."
         if extra not in (self.help or ""):
-            self.help = f"{self.help}\n\n{extra}"
+            self.help = f"{inspect.cleandoc(self.help or '')}\n\n{extra}"
         super().format_help_text(ctx, formatter)
 
 
