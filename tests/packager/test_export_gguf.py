@@ -191,3 +191,19 @@ def test_smollm2_sample_round_trips(smollm2_gguf, tmp_path_factory):
     back = open_source(out)
     with Package.open(pkg) as p:
         assert json.loads(back.tokenizer_json) == json.loads(p.section(SectionKind.TOKENIZER))
+
+
+def test_models_llama_cpp_llama_cannot_describe_are_refused(tmp_path):
+    from edgepack.packager.importers.synthetic import write_hf_llama
+
+    qwen = TinyLlamaSpec(model_type="qwen2")
+    write_gguf_llama(tmp_path / "qwen.gguf", qwen, tiny_llama_weights(qwen))
+    pkg = _package(tmp_path / "qwen.gguf", tmp_path, "f16")
+    with pytest.raises(UnexportableError, match=r"is a qwen2 model; export writes llama\.cpp"):
+        export_gguf(pkg, tmp_path / "q.gguf")
+    write_hf_llama(tmp_path / "hf", SPEC)  # no tokenizer.json
+    bare = tmp_path / "bare.epk"
+    convert(tmp_path / "hf", bare, encoding="f16")
+    with pytest.raises(UnexportableError, match=r"has no tokenizer, which llama\.cpp needs"):
+        export_gguf(bare, tmp_path / "b.gguf")
+    assert not list(tmp_path.glob("*.gguf.*")) and not (tmp_path / "b.gguf").exists()
