@@ -25,7 +25,7 @@ install: $(STAMP)
 system-deps:
 	@.ci/system-deps flatc || echo "flatc not installed; the schema regeneration test will skip"
 
-LINT := $(BIN)/python -m ruff check format packager runtime_shim server cli native tests bench
+LINT := $(BIN)/python -m ruff check format packager runtime_shim server cli native tests bench toplevel
 
 # Everything, slow tests included (real models, fuzzing, crash trials): < 10 min on 2 cores.
 test: install system-deps

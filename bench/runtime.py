@@ -76,31 +76,6 @@ def _prompt_ids(model, n: int) -> list[int]:
     return ids[:n]
 
 
-def _decode(model, prompt: list[int], n: int) -> float:
-    """tok/s of ``n`` greedy decode steps after prefilling ``prompt`` (EOS ignored)."""
-    seq = model.new_sequence()
-    try:
-        logits = model.forward(seq, prompt)
-        tok = int(np.argmax(logits))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            logits = model.forward(seq, [tok])
-            tok = int(np.argmax(logits))
-        return n / (time.perf_counter() - t0)
-    finally:
-        seq.release()
-
-
-def _prefill(model, prompt: list[int]) -> float:
-    seq = model.new_sequence()
-    try:
-        t0 = time.perf_counter()
-        model.forward(seq, prompt)
-        return len(prompt) / (time.perf_counter() - t0)
-    finally:
-        seq.release()
-
-
 def measure_bandwidth(threads: int, size: int = 512 << 20, runs: int = 5) -> float:
     """GB/s of a streaming read (max-reduce) of a large array, ``threads`` threads."""
     a = np.ones(size // 4, np.float32)
@@ -145,6 +120,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from edgepack import runtime_shim as rt
     from edgepack.runtime_shim import KernelUnavailableError
+    from edgepack.runtime_shim.speed import decode_rate, prefill_rate
 
     pkgs = _packages(args)
     bw = measure_bandwidth(args.threads)
@@ -180,8 +156,8 @@ def main() -> int:
         for (key, kernels), model in models.items():
             got = samples.setdefault((key, kernels), {"tg128": [], "pp512": []})
             prompt = prompts[(key, kernels)]
-            got["tg128"].append(_decode(model, prompt[:64], 128))
-            got["pp512"].append(_prefill(model, prompt))
+            got["tg128"].append(decode_rate(model, prompt[:64], 128))
+            got["pp512"].append(prefill_rate(model, prompt))
         for key, gguf in ggufs.items():
             got = samples.setdefault((key, "llama.cpp"), {"tg128": [], "pp512": []})
             for metric, value in llama_bench(args.llama_bench, gguf, args.threads, 1).items():

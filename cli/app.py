@@ -25,14 +25,32 @@ COMMAND_MODULES = (
     "resign_commands",
     "update_commands",
     "tuf_client_commands",
+    "export_commands",
+    "bench_commands",
 )
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from edgepack import __version__
+
+    click.echo(f"edgepack, version {__version__}")
+    ctx.exit()
 
 
 def make_cli() -> click.Group:
     """The `edgepack` group with every command of :data:`COMMAND_MODULES` added."""
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-    @click.version_option(package_name="edgepack")
+    @click.option(
+        "--version",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_print_version,
+        help="Show the version (edgepack.__version__) and exit.",
+    )
     def cli() -> None:
         """edgepack: package, version and deliver on-device LLMs."""
 

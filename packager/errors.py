@@ -7,8 +7,8 @@ exit codes in its one table (:mod:`edgepack.cli.exit_codes`):
   (corrupt or unsupported): get another file.
 * :class:`InputError` and its subclasses - something the caller chose is unusable
   (a recipe, a calibration file, a latency table, a budget, a source of the wrong kind,
-  an evaluation text too short): change the argument. Each message names the input and
-  what to change.
+  an evaluation text too short, a package GGUF cannot hold exactly): change the argument.
+  Each message names the input and what to change.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ __all__ = [
     "QuantizedSourceError",
     "RecipeError",
     "SearchError",
+    "UnexportableError",
 ]
 
 
@@ -53,3 +54,8 @@ class QuantizedSourceError(InputError):
 
 class SearchError(InputError):
     """No assignment meets the budgets (the message says the smallest possible)."""
+
+
+class UnexportableError(InputError):
+    """``export`` was given a package GGUF cannot hold exactly: a tensor encoding with no
+    bit-identical GGUF type, or a model or tokenizer llama.cpp's format cannot describe."""

@@ -7,8 +7,6 @@ native kernels where built); ``arch.*`` are the model architectures the shim run
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from edgepack.format import Encoding, RuntimeCapabilities
 from edgepack.format.encodings import REGISTRY
 
@@ -22,10 +20,10 @@ RUNTIME_OPERATORS: dict[str, int] = {
 
 
 def runtime_version() -> str:
-    try:
-        return metadata.version("edgepack")
-    except metadata.PackageNotFoundError:  # running from a source tree
-        return "0.1.0"
+    """This edgepack's version (``edgepack.__version__``: the installed distribution's)."""
+    import edgepack
+
+    return edgepack.__version__
 
 
 def runtime_capabilities() -> RuntimeCapabilities:

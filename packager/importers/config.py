@@ -29,6 +29,7 @@ from edgepack.runtime_shim.config_table import (
 from ..errors import ImportModelError
 
 __all__ = [
+    "GGUF_HPARAMS",
     "check_convertible",
     "gguf_source_config",
     "llama_config_from_gguf",
@@ -197,46 +198,72 @@ def gguf_source_config(meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# Canonical config key -> its GGUF ``{arch}.`` key: read here, written by the GGUF export.
+GGUF_HPARAMS = {
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "vocab_size": "vocab_size",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+    "max_position_embeddings": "context_length",
+}
+# rope_scaling keys -> GGUF ``{arch}.rope.scaling.*`` keys (the type is ``rope_type``).
+GGUF_ROPE_SCALING = {
+    "rope_type": "rope.scaling.type",
+    "factor": "rope.scaling.factor",
+    "original_max_position_embeddings": "rope.scaling.original_context_length",
+}
+
+
 def llama_config_from_gguf(
     meta: Mapping[str, Any], tensor_names: set[str], where: str = "GGUF"
 ) -> dict[str, Any]:
     """Canonical config from GGUF metadata (``{arch}.*`` keys); names are canonical."""
     arch = str(meta.get("general.architecture", "llama"))
 
-    def key(suffix: str) -> str:
-        return f"{arch}.{suffix}"
+    def key(canonical: str) -> str:
+        return f"{arch}.{GGUF_HPARAMS[canonical]}"
 
-    hidden = _as_int(_require(meta, key("embedding_length"), where), "embedding_length", where)
-    heads = _as_int(_require(meta, key("attention.head_count"), where), "head_count", where)
-    kv = meta.get(key("attention.head_count_kv"), heads)
+    def scaling_key(canonical: str) -> str:
+        return f"{arch}.{GGUF_ROPE_SCALING[canonical]}"
+
+    hidden = _as_int(_require(meta, key("hidden_size"), where), "embedding_length", where)
+    heads = _as_int(_require(meta, key("num_attention_heads"), where), "head_count", where)
+    kv = meta.get(key("num_key_value_heads"), heads)
     if isinstance(kv, list):  # per-layer KV heads: only uniform lists map to this config
         if len(set(kv)) != 1:
             raise ImportModelError(f"{where}: per-layer KV head counts {kv} are not supported")
         kv = kv[0]
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(key("vocab_size")) or (len(tokens) if tokens else None)
-    scaling_type = meta.get(key("rope.scaling.type"))
+    scaling_type = meta.get(scaling_key("rope_type"))
     scaling = None
     if scaling_type not in (None, "none"):
-        scaling = {"rope_type": scaling_type, "factor": meta.get(key("rope.scaling.factor"))}
-        original = meta.get(key("rope.scaling.original_context_length"))
+        scaling = {"rope_type": scaling_type, "factor": meta.get(scaling_key("factor"))}
+        original = meta.get(scaling_key("original_max_position_embeddings"))
         if original is not None:
             scaling["original_max_position_embeddings"] = original
     basename = meta.get("general.basename")
     cfg: dict[str, Any] = {
         "hidden_size": hidden,
         "intermediate_size": _as_int(
-            _require(meta, key("feed_forward_length"), where), "feed_forward_length", where
+            _require(meta, key("intermediate_size"), where), "feed_forward_length", where
         ),
-        "num_hidden_layers": _as_int(_require(meta, key("block_count"), where), "blocks", where),
+        "num_hidden_layers": _as_int(
+            _require(meta, key("num_hidden_layers"), where), "blocks", where
+        ),
         "num_attention_heads": heads,
         "num_key_value_heads": _as_int(kv, "head_count_kv", where),
-        "head_dim": _as_int(meta.get(key("attention.key_length"), hidden // heads), "hd", where),
+        "head_dim": _as_int(meta.get(key("head_dim"), hidden // heads), "hd", where),
         "vocab_size": _as_int(_require({"vocab": vocab}, "vocab", where), "vocab_size", where),
-        "rms_norm_eps": float(meta.get(key("attention.layer_norm_rms_epsilon"), 1e-6)),
-        "rope_theta": float(meta.get(key("rope.freq_base"), 10000.0)),
+        "rms_norm_eps": float(meta.get(key("rms_norm_eps"), 1e-6)),
+        "rope_theta": float(meta.get(key("rope_theta"), 10000.0)),
         "rope_scaling": scaling,
-        "max_position_embeddings": int(meta.get(key("context_length"), 2048)),
+        "max_position_embeddings": int(meta.get(key("max_position_embeddings"), 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "layers.0.attn_q.bias" in tensor_names,
         "attention_out_bias": "layers.0.attn_o.bias" in tensor_names,

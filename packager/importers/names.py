@@ -37,6 +37,7 @@ __all__ = [
     "canonical_from_gguf",
     "canonical_from_hf",
     "canonical_sort_key",
+    "gguf_from_canonical",
     "permute_qk",
     "unpermute_qk",
 ]
@@ -167,6 +168,22 @@ def canonical_sort_key(name: str) -> tuple[int | str, ...]:
     if match and match.group(2) in _LAYER_ORDER:
         return (1, int(match.group(1)), _LAYER_ORDER[match.group(2)], match.group(3))
     return (4, name)
+
+
+_GGUF_GLOBAL_NAME = {c: g for g, c in _GGUF_GLOBAL.items()}
+_GGUF_LAYER_NAME = {c: g for g, c in _GGUF_LAYER.items()}
+
+
+def gguf_from_canonical(name: str) -> str | None:
+    """llama.cpp's name of a canonical Llama-family tensor (the inverse of
+    :func:`canonical_from_gguf`), or None for a tensor llama.cpp has no name for."""
+    if name in _GGUF_GLOBAL_NAME:
+        return _GGUF_GLOBAL_NAME[name]
+    match = _CANONICAL_LAYER_RE.fullmatch(name)
+    role = f"{match.group(2)}.{match.group(3)}" if match else ""
+    if role in _GGUF_LAYER_NAME:
+        return f"blk.{int(match.group(1))}.{_GGUF_LAYER_NAME[role]}"
+    return None
 
 
 def _check_heads(rows: int, n_head: int) -> None:

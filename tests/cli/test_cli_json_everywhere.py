@@ -118,6 +118,8 @@ SUCCESS: dict[str, Any] = {
     "resign": lambda w, u, t: ["resign", str(w / "a.epk"), "-o", str(t / "r.epk"),
                                "--sign-key", str(w / "k.key"), "--model-version", "1.0.1"],
     "update": _update,
+    "export": lambda w, u, t: ["export", str(w / "a.epk"), "-o", str(t / "x.gguf")],
+    "bench": lambda w, u, t: ["bench", str(w / "a.epk"), "-p", "8", "-n", "2", "-r", "1"],
     "tuf-client init": lambda w, u, t: [*_tuf(w, u, t), "init", str(t / "root.json")],
     "tuf-client refresh": lambda w, u, t: [*_tuf(w, u, t), "refresh"],
     "tuf-client download": lambda w, u, t: [*_tuf(w, u, t), "download"],
@@ -163,6 +165,9 @@ FAILURE: dict[str, Any] = {
                              str(t / "s"), "--device-id", "d", "--channel", "beta",  # --model
                              "--trusted-root", str(w / "st" / "metadata" / "1.root.json")],
                EXIT_FAILED),
+    "export": (lambda w, t: ["export", str(w / "b.epk"), "-o", str(t / "x.gguf")],  # int8
+               EXIT_USAGE),
+    "bench": (lambda w, t: ["bench", str(w / "corrupt.epk")], EXIT_CORRUPT),
     "tuf-client init": (lambda w, t: ["tuf-client", "init", str(w / "a.epk")], EXIT_USAGE),
     "tuf-client refresh": (lambda w, t: ["tuf-client", "--metadata-dir", str(t / "m"),
                                          "--metadata-url", "http://127.0.0.1:9/", "refresh"],
