@@ -27,6 +27,7 @@ __all__ = [
     "kernels_option",
     "kernels_or_none",
     "kv_default",
+    "kv_option",
     "model_name_value",
     "output_option",
     "release_options",
@@ -73,6 +74,24 @@ def kv_default() -> str:
     from edgepack.runtime_shim.kv_cache import DEFAULT_KV
 
     return DEFAULT_KV
+
+
+class _KVOption(click.Option):
+    """``--kv`` with the runtime's default, read (and shown in ``--help``) lazily."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.default = kv_default()
+        return super().get_help_record(ctx)
+
+
+kv_option: Decorator = click.option(
+    "--kv",
+    cls=_KVOption,
+    default=kv_default,
+    show_default=True,
+    type=KV_CHOICE,
+    help="KV cache layout (the runtime's default is what devices run).",
+)
 ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 
 _KEY_FILE = click.Path(exists=True, dir_okay=False)
