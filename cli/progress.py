@@ -202,6 +202,7 @@ class _LiveLine:
         self._task = self._progress.add_task(
             job.label(p), total=p.total or None, job=job, counting=p.counting
         )
+        self._progress.refresh()  # every phase is seen once, however short
 
     def update(self, job: PhaseProgress) -> None:
         p = job.current

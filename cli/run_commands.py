@@ -264,7 +264,7 @@ def _stream_out(stream: Iterator[str], as_json: bool) -> str:
     """The reply, streamed to stdout as it comes (not under --json), then a newline."""
     if as_json:
         return "".join(stream)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     pieces = []
     for piece in stream:
         pieces.append(piece)
@@ -289,7 +289,7 @@ def _converse(
     computes only the new one."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     turns: list[dict[str, Any]] = []
-    for user in _user_turns(click.get_text_stream("stderr")):
+    for user in _user_turns(sys.stderr):
         messages.append({"role": "user", "content": user})
         reply = _stream_out(session.chat(messages, max_tokens, **sampling), as_json)
         messages.append({"role": "assistant", "content": reply})
