@@ -160,6 +160,7 @@ store_option: Decorator = click.option(
     "--store",
     "store_url",
     required=True,
+    metavar="STORE",
     envvar="EDGEPACK_STORE",
     help="Release store: a directory, file:///path or s3://bucket/prefix ($EDGEPACK_STORE).",
 )
@@ -167,6 +168,7 @@ store_option: Decorator = click.option(
 endpoint_option: Decorator = click.option(
     "--endpoint-url",
     default=None,
+    metavar="URL",
     help="S3-compatible endpoint (default: AWS_ENDPOINT_URL / AWS config).",
 )
 
@@ -232,6 +234,7 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--model-name",
                 default=None,
+                metavar="NAME",
                 callback=model_name_value,
                 help="Model name publish files it under (default: the source's name, "
                 "slugged: 'Smollm2 135M' -> smollm2-135m).",
@@ -239,6 +242,7 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--model-version",
                 default="1.0.0",
+                metavar="VERSION",
                 show_default=True,
                 callback=semver_value,
                 help="Semantic version of this model release.",
@@ -246,6 +250,7 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--min-runtime-version",
                 default=None,
+                metavar="VERSION",
                 callback=semver_value,
                 help="Oldest runtime allowed to load the package (default: this edgepack).",
             ),

@@ -101,15 +101,7 @@ def _user_turns(prompt_to: Any) -> Iterator[str]:
             yield text
 
 
-EPILOG = """\b
-Examples:
-  edgepack run model.epk -p "The capital of France is" --max-tokens 16
-  edgepack run model.epk --chat -f question.txt --stats-json stats.json
-  printf 'Hi!\\nAnd in French?\\n' | edgepack run model.epk -cnv
-"""
-
-
-@click.command(epilog=EPILOG)
+@click.command()
 @click.argument("package", type=PackagePath())
 @click.option(
     "-p",
