@@ -49,7 +49,7 @@ def diff(
 
     keys = [load_private_key(k) for k in sign_keys]
     start = time.perf_counter()
-    steps = ["plan tensors", "code streams and write" + ("" if no_verify else ", verify")]
+    steps = ["plan tensors", "code and write" + ("" if no_verify else ", verify")]
     with progress_bars(phases=steps) as bar:
         bar.phase(steps[0], 0)
         stats = create_delta(

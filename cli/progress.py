@@ -29,7 +29,7 @@ from typing import Any, Literal
 __all__ = ["PhaseProgress", "format_bytes", "format_count", "progress_bars"]
 
 Counting = Literal["bytes", "steps"]
-_LABEL_WIDTH = 24  # the live line at 80 columns: label, bar, numbers, rate, ETAs
+_LABEL_WIDTH = 28  # the live line at 80 columns: label, bar, numbers, rate, ETAs
 
 
 def format_bytes(n: float) -> str:
@@ -236,6 +236,8 @@ def _columns() -> list[Any]:
             if task.fields["counting"] == "bytes":
                 done = format_bytes(task.completed)
                 return Text(f"{done}/{format_bytes(task.total)}" if task.total else done)
+            if not task.total and not task.completed:
+                return Text("")  # a phase without a count: its time spent says it
             done = format_count(task.completed)
             return Text(f"{done}/{format_count(task.total)}" if task.total else done)
 

@@ -77,7 +77,7 @@ def test_build_prints_one_numbered_line_per_phase(
         ("convert", r"^converting: 71,872/71,872 weights in \d+\.\d s$"),
         ("verify", r"^verifying: \d+\.\d kB in \d+\.\d s$"),
         ("patch", r"^patching: 83\.\d kB in \d+\.\d s$"),
-        ("diff", r"^phase 2/2 code streams and write, verify: done in \d+\.\d s$"),
+        ("diff", r"^phase 2/2 code and write, verify: done in \d+\.\d s$"),
         ("eval", r"^PPL: 2/2 chunks in \d+\.\d s$"),
     ],
 )
