@@ -4,7 +4,8 @@ A job is a sequence of phases, each with a total counted in bytes or steps. Two
 renderings of the same phases, chosen by whether stderr is a terminal:
 
 - **terminal**: one live line for the running phase, with its numbers at 80 columns
-  (``phase 3/9 sensitivity ━━━━━━  120/272  15.2/s  0:12  total 1:30``); a finished
+  (``phase 3/9 sensitivity ━━━━━━ 120/272 15.2/s eta 0:12 total 1:30``: the count, the
+  rate, this phase's and the whole job's time left, phases weighted alike); a finished
   phase becomes the plain line below, above the live one;
 - **anything else** (CI logs, pipes): exactly one plain line per phase, written when it
   finishes: ``phase 3/9 sensitivity: 272/272 in 12.3 s``. No ``\\r``, no bar.
