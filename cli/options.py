@@ -250,7 +250,6 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--min-runtime-version",
                 default=None,
-                metavar="VERSION",
                 callback=semver_value,
                 help="Oldest runtime allowed to load the package (default: this edgepack).",
             ),
