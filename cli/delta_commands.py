@@ -24,6 +24,7 @@ from .options import (
     unchecked_warning,
 )
 from .output import record
+from .progress import progress_bars
 
 
 @click.command()
@@ -48,9 +49,17 @@ def diff(
 
     keys = [load_private_key(k) for k in sign_keys]
     start = time.perf_counter()
-    stats = create_delta(
-        old, new, out, signing_keys=keys, options=DeltaOptions(level=level, verify=not no_verify)
-    )
+    steps = ["plan tensors", "code and write" + ("" if no_verify else ", verify")]
+    with progress_bars(phases=steps) as bar:
+        bar.phase(steps[0], 0)
+        stats = create_delta(
+            old,
+            new,
+            out,
+            signing_keys=keys,
+            options=DeltaOptions(level=level, verify=not no_verify),
+            progress=lambda done: bar.phase(steps[1], 0),  # called once: "planned"
+        )
     seconds = time.perf_counter() - start
     new_size = Path(new).stat().st_size
     record(
@@ -88,12 +97,18 @@ def patch(
 ) -> int:
     """Apply DELTA to package OLD, writing the verified result atomically to -o."""
     from edgepack.format import load_public_key
-    from edgepack.format.delta import apply_delta
+    from edgepack.format.delta import DeltaFile, apply_delta
 
     keys = [load_public_key(k) for k in trusted_keys] or None
     warning = unchecked_warning(delta, keys, require_signature)
     start = time.perf_counter()
-    report = apply_delta(old, delta, out, trusted_keys=keys, threshold=threshold)
+    with DeltaFile.open(delta) as d:
+        target_size = d.header.target_file_size
+    with progress_bars("patching", counting="bytes") as bar:
+        bar.start(target_size)
+        report = apply_delta(
+            old, delta, out, trusted_keys=keys, threshold=threshold, progress=bar.advance
+        )
     seconds = time.perf_counter() - start
     sig = signature_summary(report)
     record(

@@ -27,6 +27,7 @@ __all__ = [
     "kernels_option",
     "kernels_or_none",
     "kv_default",
+    "kv_option",
     "model_card_options",
     "model_name_value",
     "output_option",
@@ -74,6 +75,24 @@ def kv_default() -> str:
     from edgepack.runtime_shim.kv_cache import DEFAULT_KV
 
     return DEFAULT_KV
+
+
+class _KVOption(click.Option):
+    """``--kv`` with the runtime's default, read (and shown in ``--help``) lazily."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.default = kv_default()
+        return super().get_help_record(ctx)
+
+
+kv_option: Decorator = click.option(
+    "--kv",
+    cls=_KVOption,
+    default=kv_default,
+    show_default=True,
+    type=KV_CHOICE,
+    help="KV cache layout (the runtime's default is what devices run).",
+)
 ACTIVATIONS_CHOICE = click.Choice(["auto", "int8", "float"])  # matmul inputs
 
 _KEY_FILE = click.Path(exists=True, dir_okay=False)
@@ -142,6 +161,7 @@ store_option: Decorator = click.option(
     "--store",
     "store_url",
     required=True,
+    metavar="STORE",
     envvar="EDGEPACK_STORE",
     help="Release store: a directory, file:///path or s3://bucket/prefix ($EDGEPACK_STORE).",
 )
@@ -149,6 +169,7 @@ store_option: Decorator = click.option(
 endpoint_option: Decorator = click.option(
     "--endpoint-url",
     default=None,
+    metavar="URL",
     help="S3-compatible endpoint (default: AWS_ENDPOINT_URL / AWS config).",
 )
 
@@ -214,6 +235,7 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--model-name",
                 default=None,
+                metavar="NAME",
                 callback=model_name_value,
                 help="Model name publish files it under (default: the source's name, "
                 "slugged: 'Smollm2 135M' -> smollm2-135m).",
@@ -221,6 +243,7 @@ def release_options(func: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--model-version",
                 default="1.0.0",
+                metavar="VERSION",
                 show_default=True,
                 callback=semver_value,
                 help="Semantic version of this model release.",

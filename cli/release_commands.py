@@ -17,6 +17,7 @@ import click
 from .exit_codes import EXIT_CORRUPT, EXIT_OK
 from .options import endpoint_option, json_option, store_option, trusted_key_option
 from .output import log_to_stderr, record
+from .progress import progress_bars
 
 _keys_option = click.option(
     "--keys-dir",
@@ -397,9 +398,12 @@ def publish(
     _percent(rollout)
     keys = [load_public_key(k) for k in trusted_keys]
     rr = _open(store_url, endpoint_url, keys_dir)
-    result = rr.publish(
-        package, channel, rollout=rollout, delta_count=delta_count, trusted_keys=keys, model=model
-    )
+    with progress_bars("publishing") as bar:
+        bar.start(0)  # verify, upload, compute the deltas: time spent, no count
+        result = rr.publish(
+            package, channel, rollout=rollout, delta_count=delta_count, trusted_keys=keys,
+            model=model,
+        )
     rel = result.release
     record(release=rel.to_json(), uploaded=result.uploaded, versions=dict(result.versions))
     click.echo(

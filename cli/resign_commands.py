@@ -19,11 +19,16 @@ from .output import record
 @click.option(
     "--model-version",
     default=None,
+    metavar="VERSION",
     callback=semver_value,
     help="New semantic version (default: kept).",
 )
 @click.option(
-    "--model-name", default=None, callback=model_name_value, help="New model name (default: kept)."
+    "--model-name",
+    default=None,
+    metavar="NAME",
+    callback=model_name_value,
+    help="New model name (default: kept).",
 )
 @sign_key_option("the new header")
 def resign(

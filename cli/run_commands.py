@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,28 +17,48 @@ from .options import (
     json_option,
     kernels_option,
     kernels_or_none,
-    kv_default,
+    kv_option,
     require_signature_option,
     threads_option,
     threshold_option,
     trusted_key_option,
 )
 from .output import json_text, log_to_stderr, record
+from .pointers import PackagePath
 
 if TYPE_CHECKING:
+    from edgepack.runtime_shim.session import Session
     from edgepack.runtime_shim.stats import GenerationStats
 
 
-def _stats_json(st: GenerationStats) -> dict[str, Any]:
-    """The statistics text ``run`` prints, as JSON: the counters and the derived rates."""
+def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
+    """The statistics text ``run`` prints, as JSON: the counters, the derived rates, the
+    bytes of KV cache the session holds and the process's peak memory."""
     from edgepack.runtime_shim.stats import peak_rss_bytes
 
     return {
         **dataclasses.asdict(st),
         "prefill_tokens_per_s": st.prefill_tokens_per_s,
         "decode_tokens_per_s": st.decode_tokens_per_s,
+        "kv_tokens": session.seq.length,
+        "kv_bytes": len(session.seq.blocks) * session.model.kv_pool.bytes_per_block,
         "peak_rss_bytes": peak_rss_bytes(),
     }
+
+
+def _stats_text(st: GenerationStats, session: Session) -> str:
+    from edgepack.runtime_shim.stats import peak_rss_bytes
+
+    return (
+        f"{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
+        f"{st.generated_tokens} generated ({st.finish_reason})\n"
+        f"time to first token {st.time_to_first_token * 1000:.0f} ms\n"
+        f"prefill {st.prefill_tokens_per_s:.1f} tok/s, "
+        f"decode {st.decode_tokens_per_s:.1f} tok/s\n"
+        f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
+        f"kv {st.kv_mode} ({session.seq.length} tokens held); activations {st.activations}\n"
+        f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB"
+    )
 
 
 def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
@@ -46,14 +67,69 @@ def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
     logging.getLogger("edgepack.native").setLevel(logging.WARNING)  # the runtime says it
 
 
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str | None:
+    """The text of ``-p`` (``-`` reads stdin) or ``-f``; at most one of them."""
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give -p/--prompt or -f/--file, not both")
+    if prompt_file is not None:
+        try:
+            return Path(prompt_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(
+                f"{prompt_file} is not UTF-8 text ({exc.reason})", param_hint="-f/--file"
+            ) from None
+    if prompt == "-":
+        return sys.stdin.read()
+    return prompt
+
+
+def _user_turns(prompt_to: Any) -> Iterator[str]:
+    """User turns from stdin, one a line: ``/exit`` or end of input ends the conversation.
+    On a terminal each turn is asked for with ``> `` on ``prompt_to``."""
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            prompt_to.write("> ")
+            prompt_to.flush()
+        line = sys.stdin.readline()
+        if not line:  # EOF
+            return
+        text = line.rstrip("\r\n")
+        if text.strip() == "/exit":
+            return
+        if text.strip():
+            yield text
+
+
 @click.command()
-@click.argument("package", type=click.Path(exists=True, dir_okay=False))
-@click.option("-p", "--prompt", required=True, help="Prompt text ('-' reads stdin).")
-@click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate.")
+@click.argument("package", type=PackagePath())
+@click.option(
+    "-p",
+    "--prompt",
+    default=None,
+    metavar="TEXT",
+    help="Prompt text ('-' reads stdin); with -cnv, the system message.",
+)
+@click.option(
+    "-f",
+    "--file",
+    "prompt_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Read the prompt from this UTF-8 file (instead of -p).",
+)
+@click.option(
+    "-cnv",
+    "--conversation",
+    is_flag=True,
+    help="Chat turn by turn: user turns are read from stdin, one a line, until /exit or "
+    "end of input; the KV cache carries over between turns.",
+)
+@click.option("--max-tokens", default=128, show_default=True, help="Tokens to generate (a turn).")
 @click.option(
     "--chat", is_flag=True, help="Wrap the prompt as a user message of the chat template."
 )
-@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--system", default=None, metavar="TEXT", help="System message (--chat, -cnv).")
 @click.option(
     "--temperature",
     default=0.0,
@@ -71,10 +147,16 @@ def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
     type=click.FloatRange(0, 1, min_open=True),
     help="1 disables.",
 )
-@click.option("--seed", default=None, type=int, help="Sampling seed.")
+@click.option("--seed", default=None, type=int, help="Sampling seed (default: random).")
 @threads_option
-@click.option("--kv", default=kv_default, type=KV_CHOICE, help="KV cache layout.")
-@click.option("--activations", default="auto", type=ACTIVATIONS_CHOICE, show_default=True)
+@kv_option
+@click.option(
+    "--activations",
+    default="auto",
+    type=ACTIVATIONS_CHOICE,
+    show_default=True,
+    help="Matmul inputs (auto: int8 where the package allows).",
+)
 @kernels_option
 @trusted_key_option("Require a signature by this public key (NAME.pub); repeatable.")
 @click.option(
@@ -87,6 +169,14 @@ def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
 )
 @threshold_option
 @require_signature_option
+@click.option(
+    "--stats-json",
+    "stats_file",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the statistics (timings, tokens, tok/s, KV bytes, peak RSS) to this JSON "
+    "file; with -cnv, one object per turn.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
 @json_option("the generated text and the statistics, one object at the end")
 @click.option(
@@ -94,7 +184,9 @@ def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
 )
 def run(
     package: str,
-    prompt: str,
+    prompt: str | None,
+    prompt_file: str | None,
+    conversation: bool,
     max_tokens: int,
     chat: bool,
     system: str | None,
@@ -110,18 +202,24 @@ def run(
     verify: str,
     threshold: int,
     require_signature: bool,
+    stats_file: str | None,
     verbose: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
     """Generate text from PACKAGE, streaming it; statistics go to stderr at the end
-    (--json: nothing streams; one object with the text and the statistics)."""
+    (--json: nothing streams; one object with the text and the statistics). With -cnv,
+    a conversation: each line of stdin is a user turn, each reply streams back."""
     from edgepack import runtime_shim
-    from edgepack.runtime_shim.stats import peak_rss_bytes
 
     _log_to_stderr(verbose, quiet)
-    if prompt == "-":
-        prompt = sys.stdin.read()
+    text = _prompt_text(prompt, prompt_file)
+    if conversation:
+        if text is not None and system is not None:
+            raise click.UsageError("with -cnv, -p/-f is the system message: give it or --system")
+        system = system if text is None else text
+    elif text is None:
+        raise click.UsageError("give the prompt: -p TEXT, -p - (stdin), -f FILE, or -cnv")
     model = runtime_shim.open(
         package,
         trusted_keys=list(trusted_keys) or None,
@@ -133,38 +231,77 @@ def run(
         require_signature=require_signature,
         activations=activations,
     )
-    with model:
-        session = model.session()
-        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    with model, model.session() as session:
+        if conversation:
+            _converse(session, system, max_tokens, sampling, stats_file, as_json, quiet)
+            return
         if chat:
             messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": prompt})
+            messages.append({"role": "user", "content": text})
             stream = session.chat(messages, max_tokens, **sampling)
         else:
-            stream = session.generate(prompt, max_tokens, **sampling)
+            stream = session.generate(text, max_tokens, **sampling)
+        reply = _stream_out(stream, as_json)
+        stats = _stats_json(session.stats, session)
+        if stats_file:
+            Path(stats_file).write_text(json_text(stats) + "\n", encoding="utf-8")
         if as_json:
-            text = "".join(stream)
-            click.echo(json_text({"text": text, "stats": _stats_json(session.stats)}))
-            return
-        out = click.get_text_stream("stdout")
-        for piece in stream:
-            out.write(piece)
-            out.flush()
-        out.write("\n")
-        st = session.stats
-        if quiet:
-            return
-        click.echo(
-            f"--\n{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
-            f"{st.generated_tokens} generated ({st.finish_reason})\n"
-            f"time to first token {st.time_to_first_token * 1000:.0f} ms\n"
-            f"prefill {st.prefill_tokens_per_s:.1f} tok/s, "
-            f"decode {st.decode_tokens_per_s:.1f} tok/s\n"
-            f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
-            f"kv {st.kv_mode}; activations {st.activations}\n"
-            f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB",
-            err=True,
-        )
+            click.echo(json_text({"text": reply, "stats": stats}))
+        elif not quiet:
+            click.echo(f"--\n{_stats_text(session.stats, session)}", err=True)
+
+
+def _stream_out(stream: Iterator[str], as_json: bool) -> str:
+    """The reply, streamed to stdout as it comes (not under --json), then a newline."""
+    if as_json:
+        return "".join(stream)
+    out = sys.stdout
+    pieces = []
+    for piece in stream:
+        pieces.append(piece)
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    return "".join(pieces)
+
+
+def _converse(
+    session: Session,
+    system: str | None,
+    max_tokens: int,
+    sampling: dict[str, Any],
+    stats_file: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """The -cnv loop: the whole conversation is rendered with the chat template each
+    turn, so the session reuses the K/V of every earlier turn (its common prefix) and
+    computes only the new one."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    turns: list[dict[str, Any]] = []
+    for user in _user_turns(sys.stderr):
+        messages.append({"role": "user", "content": user})
+        reply = _stream_out(session.chat(messages, max_tokens, **sampling), as_json)
+        messages.append({"role": "assistant", "content": reply})
+        stats = _stats_json(session.stats, session)
+        turns.append({"user": user, "text": reply, "stats": stats})
+        if not (quiet or as_json):
+            st = session.stats
+            click.echo(
+                f"[{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
+                f"{st.generated_tokens} generated; prefill {st.prefill_tokens_per_s:.1f} "
+                f"tok/s, decode {st.decode_tokens_per_s:.1f} tok/s]",
+                err=True,
+            )
+    if stats_file:
+        document = {"turns": [t["stats"] for t in turns]}
+        Path(stats_file).write_text(json_text(document) + "\n", encoding="utf-8")
+    if as_json:
+        click.echo(json_text({"turns": turns}))
+    elif turns and not quiet:
+        click.echo(f"--\n{_stats_text(session.stats, session)}", err=True)
 
 
 @click.command()

@@ -151,9 +151,11 @@ def _build(
     check_size_floor(fm, recipe, candidates, overhead)
     searching = len(candidates) > 1 or recipe.factorize.enabled
     needs_data = searching or q.algorithm == "gptq" or q.scale_search or q.awq or q.smoothquant
+    calibrating = needs_data and recipe.calibration.samples > 0
+    _announce_phases(progress, recipe, calibrating, searching)
     stats: CalibrationStats | None = None
     samples: list[list[int]] = []
-    if needs_data and recipe.calibration.samples > 0:
+    if calibrating:
         t = time.perf_counter()
         fm.ensure_model(out.parent, progress)
         phases["float model"] = time.perf_counter() - t
@@ -280,6 +282,31 @@ def _build(
         result.report_path, result.plot_path = write_report(result, recipe)
         phases["report"] = time.perf_counter() - t
     return result
+
+
+def _announce_phases(
+    progress: Progress, recipe: Recipe, calibrating: bool, searching: bool
+) -> None:
+    """Tell ``progress`` the phases :func:`_build` will run, in order (the CLI shows
+    "phase 3/9" and a total ETA); a progress object without ``plan`` is not told."""
+    plan = getattr(progress, "plan", None)
+    if plan is None:
+        return
+    q = recipe.quantize
+    steps = [
+        ("float model", calibrating),
+        ("calibrate", calibrating),
+        ("sensitivity", True),
+        ("factorize", calibrating and recipe.factorize.enabled),
+        ("gptq gain", calibrating and searching and q.algorithm == "gptq"),
+        ("probe", calibrating and searching and recipe.search.probe),
+        ("search", True),
+        ("scale", calibrating and (q.awq or q.smoothquant)),
+        ("quantize", True),
+        ("write", True),
+        ("verify", calibrating and searching),
+    ]
+    plan([name for name, runs in steps if runs])
 
 
 def _sensitivity(
