@@ -58,10 +58,7 @@ def _count(short: str, name: str, default: int, help: str, least: int = 0) -> An
     return click.option(short, name, default=default, show_default=True, type=kind, help=help)
 
 
-@click.command(
-    epilog="Example: edgepack bench model.epk -p 512 -n 128 -r 5 (llama-bench -m model.gguf "
-    "measures llama.cpp the same way)"
-)
+@click.command()
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @_count("-p", "--n-prompt", 512, "Prompt tokens of the prefill test (pp); 0 skips it.")
 @_count("-n", "--n-gen", 128, "Tokens of the generation test (tg); 0 skips it.")

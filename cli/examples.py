@@ -43,6 +43,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "edgepack compare ref-f32.epk model.epk --text sample.txt",
         "edgepack compare ref-f32.epk model.epk --text sample.txt --device --isolated",
     ),
+    "export": (
+        "edgepack export model.epk -o model.gguf   # then: llama-cli -m model.gguf",
+    ),
+    "bench": (
+        "edgepack bench model.epk -p 512 -n 128 -r 5   # llama-bench -m model.gguf, same shape",
+        "edgepack bench model.epk -p 0 -n 64 --json",
+    ),
     "diff": ("edgepack diff v1.epk v2.epk -o v1-to-v2.epkd --sign-key release.key",),
     "patch": ("edgepack patch v1.epk v1-to-v2.epkd -o v2.epk --trusted-key release.pub",),
     "repo init": ("edgepack repo init --store s3://bucket/models --keys-dir keys/",),

@@ -27,10 +27,7 @@ class _ExportCommand(click.Command):
         super().format_help_text(ctx, formatter)
 
 
-@click.command(
-    cls=_ExportCommand,
-    epilog="Example: edgepack export model.epk -o model.gguf && llama-cli -m model.gguf",
-)
+@click.command(cls=_ExportCommand)
 @click.argument("package", type=click.Path(exists=True, dir_okay=False))
 @output_option("GGUF file to write.", inputs=("package",))
 def export(package: str, out: str) -> None:
