@@ -5,10 +5,11 @@ Every command that writes a file (convert, build, diff, patch, keygen) checks it
 here first, so ``diff -o OLD`` or ``patch -o /dev/full`` cannot replace an input or a
 device. The temporary is named ``.<target>.<pid>-<random>.partial`` in the target's
 directory (the rename onto the target is then atomic, and a reader never sees a torn
-file); a scratch directory beside it (``diff``'s trial patch) is named the same way
-with the suffix ``.verify``. Staleness rule: a temporary is stale when the process id
-in its name is not running on this machine, or, for a name without one, when it is
-older than :data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
+file); a scratch directory (``diff``'s trial patch beside the target, ``build``'s float
+reference in RAM or beside it) is named the same way with the suffix ``.verify``.
+Staleness rule: a temporary is stale when the process id in its name is not running on
+this machine, or, for a name without one, when it is older than
+:data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
 """
 
 from __future__ import annotations
