@@ -133,8 +133,8 @@ def _classify(exc: BaseException) -> str:
 def _config_mutant(orig, rng: random.Random) -> bytes:
     """The model config with one value replaced, re-signed: only the runtime's config
     validation can refuse it."""
-    key = rng.choice(sorted(orig.header.identity.config))
     which = rng.choice(range(len(CONFIG_VALUES)))  # the draw rng.choice(CONFIG_VALUES) makes
+    key = rng.choice(sorted(orig.header.identity.config))  # after it, as in earlier runs
     return _resigned_config(orig, key, which)
 
 
