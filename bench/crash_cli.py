@@ -105,7 +105,8 @@ def main() -> int:
             outcomes[outcome] += 1
     for outcome, count in sorted(outcomes.items()):
         print(f"{count:6d}  {outcome}")
-    print(f"{sum(outcomes.values())} trials in {time.monotonic() - began:.0f} s this run")
+    ran = sum(outcomes.values()) - len(done)
+    print(f"{sum(outcomes.values())} trials, {ran} of them in {time.monotonic() - began:.0f} s")
     if failure:
         print(f"INVARIANT BROKEN: {failure}")
         return 1
