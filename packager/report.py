@@ -10,8 +10,12 @@ measured error.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from edgepack.format.output_file import create_scratch_dir
 
 from .recipe import Recipe
 
@@ -28,8 +32,18 @@ def _bits(nbytes: int, numel: int) -> float:
 def write_report(result: BuildResult, recipe: Recipe) -> tuple[Path, Path | None]:
     md = result.path.with_suffix(".report.md")  # OUT.epk -> OUT.report.md, OUT.report.png
     png = result.path.with_suffix(".report.png")
-    plot = _plot(result, png)
-    md.write_text(_markdown(result, recipe, plot))
+    # written in a scratch directory beside the package, then renamed into place: a killed
+    # build leaves no torn report under its name (the next build clears the directory)
+    scratch = create_scratch_dir(result.path)
+    try:
+        plot = _plot(result, scratch / png.name)
+        (scratch / md.name).write_text(_markdown(result, recipe, plot and png))
+        if plot is not None:
+            os.replace(plot, png)
+            plot = png
+        os.replace(scratch / md.name, md)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return md, plot
 
 

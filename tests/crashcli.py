@@ -99,10 +99,10 @@ class Trials:
                     "--force"]  # fmt: skip
         if command == "convert":
             return ["convert", str(w / "src.gguf"), "-o", str(w / "out" / "c.epk"), "--force"]
-        if command == "build":  # --no-report: the report is not written atomically (yet)
+        if command == "build":
             out = str(w / "out" / self.built)
             return ["build", str(w / "src.gguf"), "-o", out, "--recipe", str(w / "recipe.toml"),
-                    "--target-bpw", "12", "--no-report", "--force"]  # fmt: skip
+                    "--target-bpw", "12", "--force"]  # fmt: skip
         return ["publish", str(self._next_release()), "--store", str(self.store), *self._keys(),
                 "--channel", "beta", "--deltas", "1", "-v"]  # fmt: skip
 
@@ -159,6 +159,13 @@ class Trials:
 
     def _check_build(self) -> None:
         self._check_convert(self.built)
+        out = self.work / "out" / self.built
+        md, png = out.with_suffix(".report.md"), out.with_suffix(".report.png")
+        if md.exists():  # whole: its table of tensors is there, to the end of a row
+            text = md.read_text()
+            assert "## Tensors" in text and text.endswith("|\n"), "torn build report"
+        if png.exists():
+            assert png.read_bytes().endswith(b"IEND\xaeB`\x82"), "torn report plot"
 
     def _check_publish(self) -> None:
         rc, lines = run_cli(["repo", "verify", "--store", str(self.store), "--deep"])

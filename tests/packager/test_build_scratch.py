@@ -98,3 +98,24 @@ def test_killed_build_leaves_scratch_that_the_next_build_clears(
     assert rc == 0, "".join(lines)
     assert out.exists()
     assert _scratch(out) == []
+
+
+def test_a_report_that_fails_halfway_leaves_nothing_under_its_name(
+    gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report goes through a scratch directory renamed into place: a build killed or
+    failing while writing it leaves no torn OUT.report.md / .png."""
+    from edgepack.packager import report
+
+    def torn(*args: object) -> str:
+        raise RuntimeError("killed while writing the report")
+
+    monkeypatch.setattr(report, "_markdown", torn)
+    (tmp_path / "r.toml").write_text(_RECIPE)
+    recipe = load_recipe(tmp_path / "r.toml").with_budget(12, None, None, None)
+    out = tmp_path / "m.epk"
+    with pytest.raises(RuntimeError, match="killed"):
+        build(gguf, out, recipe)
+    assert not out.with_suffix(".report.md").exists()
+    assert not out.with_suffix(".report.png").exists()
+    assert _scratch(out) == []
