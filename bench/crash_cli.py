@@ -32,6 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from crashcli import COMMANDS, Trials
 
+from edgepack.format.output_file import (
+    pid_temporary_directory,
+    remove_stale_temporary_directories,
+)
+
+_WORLDS = "edgepack-crash-cli-"  # the run's folder of worlds: <prefix><pid>-<random>
+
 _trials: Trials | None = None  # one world per worker process
 
 
@@ -91,7 +98,8 @@ def main() -> int:
     failure = ""
     began = time.monotonic()
     ctx = multiprocessing.get_context("spawn")
-    root = tempfile.TemporaryDirectory(prefix="edgepack-crash-")
+    remove_stale_temporary_directories(_WORLDS)  # what a killed run left
+    root = pid_temporary_directory(_WORLDS)
     with root, ctx.Pool(max(1, args.jobs), _init, (root.name, args.seed)) as pool, open(
         args.state, "a"
     ) as log:

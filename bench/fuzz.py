@@ -36,12 +36,15 @@ import multiprocessing
 import os
 import random
 import resource
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from edgepack.format.output_file import (
+    pid_temporary_directory,
+    remove_stale_temporary_directories,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "format")]
@@ -51,6 +54,7 @@ CONFIG_SHARE = 0.1  # package mutants whose (re-signed) model config gets a host
 CONFIG_VALUES = ("abc", -1, 0, 0.0, [1], {}, None, True, 31, 10**9, 2**63, 1e-300, 1e300)
 CONFIG_CODE = ("runtime_shim/config.py", "runtime_shim/weights.py")  # config values, tensor set
 KINDS = ("package", "delta")
+_SCRATCH = "edgepack-fuzz-"  # the run's scratch directory: <prefix><pid>-<random>
 
 _worker: dict = {}  # per-process corpus, set by _init
 
@@ -344,13 +348,10 @@ def main() -> int:
                 tasks.append((kind, start, min(args.batch, totals[kind] - start), args.seed))
     print(f"{len(tasks)} batches of {args.batch} to run on {args.workers} workers")
     shm = Path("/dev/shm")
-    scratch = tempfile.mkdtemp(  # the mutants' files: RAM when there is some
-        prefix="edgepack-fuzz-", dir=shm if os.access(shm, os.W_OK) else args.work
-    )
-    try:
+    ram = shm if os.access(shm, os.W_OK) else args.work  # the mutants' files: RAM if any
+    remove_stale_temporary_directories(_SCRATCH, ram)  # what a killed run left
+    with pid_temporary_directory(_SCRATCH, ram) as scratch:
         _run(ctx, args, tasks, state, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0 if _report(state, totals) else 1
 
 

@@ -112,18 +112,22 @@ def pid_is_running(pid: int) -> bool:
     return True
 
 
-def pid_temporary_directory(prefix: str) -> tempfile.TemporaryDirectory[str]:
-    """A scratch directory in the system's temporary directory, named
-    ``<prefix><pid>-<random>`` so :func:`remove_stale_temporary_directories` can tell
-    when its writer is gone."""
-    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+def pid_temporary_directory(
+    prefix: str, root: str | os.PathLike[str] | None = None
+) -> tempfile.TemporaryDirectory[str]:
+    """A scratch directory in ``root`` (default: the system's temporary directory),
+    named ``<prefix><pid>-<random>`` so :func:`remove_stale_temporary_directories` can
+    tell when its writer is gone."""
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
-def remove_stale_temporary_directories(prefix: str) -> list[Path]:
-    """Delete the :func:`pid_temporary_directory` scratch directories of ``prefix`` whose
-    writer pid is not running on this machine; return them."""
+def remove_stale_temporary_directories(
+    prefix: str, root: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Delete the :func:`pid_temporary_directory` scratch directories of ``prefix`` in
+    ``root`` whose writer pid is not running on this machine; return them."""
     removed: list[Path] = []
-    root = Path(tempfile.gettempdir())
+    root = Path(root if root is not None else tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
             pid = entry.name[len(prefix) :].split("-", 1)[0]
