@@ -109,7 +109,7 @@ def test_killed_publish_upload_is_listed_by_gc_and_aborted_by_the_next_publish(
     )  # fmt: skip
     assert killed.returncode == -9, killed.stderr
     [left] = store.pending_uploads()  # the test's premise: the kill left an upload
-    assert 0 < left.size <= 5 * MiB  # one part of two landed
+    assert left.size > 0  # one part or both landed (they go in parallel), never completed
 
     capsys.readouterr()
     assert main(["repo", "gc", "--store", url]) == EXIT_OK  # within the grace period
