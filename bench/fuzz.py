@@ -17,6 +17,14 @@ The mutators are the test suite's (tests/format/test_fuzz_package.py,
 tests/format/test_delta_fuzz.py); the corpus is built once into ``--work``. Untyped
 exceptions raised while the runtime reads the model config or binds tensors are
 counted apart ("config:..."), as the runtime's config validation owns them.
+
+What the harness itself costs is kept small so the figures measure the checks: mutants
+are built in memory and written to one RAM file per worker (``/dev/shm``, removed at the
+end), the workers are one process pool over every core for the whole run, the
+original's parsed form is computed once per worker (the mutators re-parse nothing), and
+a config mutant's re-encoded, re-signed header is made once per (key, value). Besides
+the wall-clock rate, the run prints the workers' CPU time per mutant: on a shared
+machine the wall rate follows the load, the CPU cost does not.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ import time
 import traceback
 from pathlib import Path
 
+from edgepack.format.output_file import (
+    pid_temporary_directory,
+    remove_stale_temporary_directories,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "format")]
 
@@ -41,6 +54,7 @@ CONFIG_SHARE = 0.1  # package mutants whose (re-signed) model config gets a host
 CONFIG_VALUES = ("abc", -1, 0, 0.0, [1], {}, None, True, 31, 10**9, 2**63, 1e-300, 1e300)
 CONFIG_CODE = ("runtime_shim/config.py", "runtime_shim/weights.py")  # config values, tensor set
 KINDS = ("package", "delta")
+_SCRATCH = "edgepack-fuzz-"  # the run's scratch directory: <prefix><pid>-<random>
 
 _worker: dict = {}  # per-process corpus, set by _init
 
@@ -64,26 +78,40 @@ def build_corpus(work: Path) -> None:
     (work / "ready").write_text("ok")
 
 
-def _init(work: str) -> None:
+def _init(work: str, scratch_root: str) -> None:
+    import deltafactory
     import numpy as np
+    import test_delta_fuzz
     import test_fuzz_package
     from pkgfactory import make_key
 
     os.fsync = lambda fd: None  # durability is not what is fuzzed (the tests do the same)
     work_path = Path(work)
-    scratch = test_fuzz_package.mutant_dir(work_path) / f"w{os.getpid()}"
+    scratch = Path(scratch_root) / f"w{os.getpid()}"
     scratch.mkdir(parents=True, exist_ok=True)
     raw = (work_path / "package.epk").read_bytes()
     orig = test_fuzz_package.make_original(raw, raw, make_key(3), scratch / "mutant.epk")
     delta_dir = work_path / "delta"
+    delta = (delta_dir / "d.epkd").read_bytes()
+    # every delta mutator starts by parsing the original: parse it once (the parts are
+    # immutable), mutants are parsed as they come
+    parsed = deltafactory.split_delta(delta)
+    split = deltafactory.split_delta
+
+    def split_once(raw: bytes):
+        return parsed if raw is delta else split(raw)
+
+    deltafactory.split_delta = test_delta_fuzz.split_delta = split_once
     _worker.update(
         orig=orig,
         logits=(work_path / "logits.bin").read_bytes(),
         old=delta_dir / "old.epk",
         new=(delta_dir / "new.epk").read_bytes(),
-        delta=(delta_dir / "d.epkd").read_bytes(),
+        delta=delta,
         scratch=scratch,
         np=np,
+        config_mutants={},
+        orig_data=orig.raw[orig.data_offset : orig.data_end],
     )
 
 
@@ -109,13 +137,33 @@ def _classify(exc: BaseException) -> str:
 def _config_mutant(orig, rng: random.Random) -> bytes:
     """The model config with one value replaced, re-signed: only the runtime's config
     validation can refuse it."""
+    which = rng.choice(range(len(CONFIG_VALUES)))  # the draw rng.choice(CONFIG_VALUES) makes
+    key = rng.choice(sorted(orig.header.identity.config))  # after it, as in earlier runs
+    return _resigned_config(orig, key, which)
+
+
+def _resigned_config(orig, key: str, which: int) -> bytes:
+    """The mutant for (key, value): encoding and signing a header is most of a mutant's
+    cost and there are few such pairs, so each is made once per worker; only its header
+    and signature are kept, the original's data region is spliced in each time."""
+    from pkgfactory import file_parts
+
+    made = _worker["config_mutants"]
+    if (key, which) not in made:
+        raw = _encode_config(orig, key, CONFIG_VALUES[which])
+        pre = file_parts(raw).preamble
+        made[(key, which)] = (raw[: pre.data_offset], raw[pre.data_end :])
+    head, tail = made[(key, which)]
+    return head + _worker["orig_data"] + tail
+
+
+def _encode_config(orig, key: str, value: object) -> bytes:
     from dataclasses import replace
 
     from pkgfactory import replace_header
 
     identity = orig.header.identity
-    cfg = dict(identity.config)
-    cfg[rng.choice(sorted(cfg))] = rng.choice(CONFIG_VALUES)
+    cfg = {**identity.config, key: value}
     header = replace(orig.header, identity=replace(identity, config=cfg))
     return replace_header(orig.raw, header, sign_with=orig.key)
 
@@ -179,6 +227,7 @@ def run_batch(task: tuple[str, int, int, int]) -> dict:
     import numpy as np
 
     one = _package_mutant if kind == "package" else _delta_mutant
+    cpu = time.process_time()
     outcomes: collections.Counter[str] = collections.Counter()
     examples: dict[str, str] = {}
     for index in range(start, start + count):
@@ -199,6 +248,7 @@ def run_batch(task: tuple[str, int, int, int]) -> dict:
         "examples": examples,
         "peak_mib": peak,
         "hwm_mib": _vm_hwm_mib(),
+        "cpu_seconds": time.process_time() - cpu,
     }
 
 
@@ -226,12 +276,14 @@ def _load_state(path: Path, args: argparse.Namespace) -> dict:
         "peak_mib": 0.0,
         "hwm_mib": 0.0,
         "seconds": 0.0,
+        "cpu_seconds": {k: 0.0 for k in KINDS},
     }
     if args.fresh or not path.exists():
         return fresh
     state = json.loads(path.read_text())
     if (state["seed"], state["batch"]) != (args.seed, args.batch):
         raise SystemExit(f"{path} is a run with another --seed/--batch; use --fresh")
+    state.setdefault("cpu_seconds", fresh["cpu_seconds"])  # a state file of an older run
     return state
 
 
@@ -247,7 +299,11 @@ def _report(state: dict, totals: dict[str, int]) -> bool:
     for kind in KINDS:
         outcomes = state["outcomes"][kind]
         n = sum(outcomes.values())
-        print(f"{kind}s: {n} of {totals[kind]} ({n / seconds:.0f}/s over the whole run)")
+        cpu_ms = 1e3 * state["cpu_seconds"][kind] / max(n, 1)
+        print(
+            f"{kind}s: {n} of {totals[kind]} ({n / seconds:.0f}/s over the whole run, "
+            f"{cpu_ms:.2f} ms of worker CPU each)"
+        )
         for outcome, count in sorted(outcomes.items(), key=lambda kv: -kv[1]):
             print(f"  {count:>9}  {outcome}")
     outcomes = [(o, c) for k in KINDS for o, c in state["outcomes"][k].items()]
@@ -284,15 +340,26 @@ def main() -> int:
         setup.apply(build_corpus, (args.work,))
     state = _load_state(args.state, args)
     totals = {"package": args.packages, "delta": args.deltas}
+    done = {k: set(state["done"][k]) for k in KINDS}
     tasks = []
     for start in range(0, max(totals.values()), args.batch):  # interleave the two kinds
         for kind in KINDS:
-            if start < totals[kind] and start not in state["done"][kind]:
+            if start < totals[kind] and start not in done[kind]:
                 tasks.append((kind, start, min(args.batch, totals[kind] - start), args.seed))
     print(f"{len(tasks)} batches of {args.batch} to run on {args.workers} workers")
+    shm = Path("/dev/shm")
+    ram = shm if os.access(shm, os.W_OK) else args.work  # the mutants' files: RAM if any
+    remove_stale_temporary_directories(_SCRATCH, ram)  # what a killed run left
+    with pid_temporary_directory(_SCRATCH, ram) as scratch:
+        _run(ctx, args, tasks, state, scratch)
+    return 0 if _report(state, totals) else 1
+
+
+def _run(ctx, args: argparse.Namespace, tasks: list, state: dict, scratch: str) -> None:
     began, last_print = time.perf_counter(), 0.0
     base_seconds = state["seconds"]
-    with ctx.Pool(args.workers, initializer=_init, initargs=(str(args.work),)) as pool:
+    init = (str(args.work), scratch)
+    with ctx.Pool(args.workers, initializer=_init, initargs=init) as pool:
         for result in pool.imap_unordered(run_batch, tasks):
             kind = result["kind"]
             counter = collections.Counter(state["outcomes"][kind])
@@ -303,13 +370,13 @@ def main() -> int:
                 state["examples"].setdefault(outcome, example)
             state["peak_mib"] = max(state["peak_mib"], result["peak_mib"])
             state["hwm_mib"] = max(state["hwm_mib"], result["hwm_mib"])
+            state["cpu_seconds"][kind] += result["cpu_seconds"]
             state["seconds"] = base_seconds + time.perf_counter() - began
             _save_state(args.state, state)
             if time.perf_counter() - last_print > 30:
                 last_print = time.perf_counter()
                 done = {k: sum(state["outcomes"][k].values()) for k in KINDS}
                 print(f"  {state['seconds']:.0f} s: {done}", flush=True)
-    return 0 if _report(state, totals) else 1
 
 
 if __name__ == "__main__":

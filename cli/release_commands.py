@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import click
@@ -332,6 +333,12 @@ def repo_gc(
     report = collect_garbage(rr.store, delete=delete, grace_seconds=grace_hours * 3600)
     for info in report.unreferenced:
         click.echo(f"{'deleted' if delete else 'unreferenced'} {info.key} {_fmt_size(info.size)}")
+    for up in report.stale_uploads:
+        idle = (time.time() - up.last_activity) / 3600
+        click.echo(
+            f"{'aborted' if delete else 'incomplete upload'} {up.key} {_fmt_size(up.size)} "
+            f"(idle {idle:.1f} h)"
+        )
     verb = "deleted" if delete else "reclaimable (pass --delete)"
     record(
         store=rr.store.url,
@@ -341,12 +348,19 @@ def repo_gc(
         referenced=report.referenced,
         metadata_versions=report.metadata_versions,
         young=len(report.young),
+        incomplete_uploads=[
+            {"key": u.key, "size": u.size, "upload_id": u.upload_id} for u in report.stale_uploads
+        ],
+        young_uploads=report.young_uploads,
     )
+    uploads = sum(u.size for u in report.stale_uploads)
     click.echo(
         f"{rr.store.url}: {len(report.unreferenced)} unreferenced object(s), "
         f"{_fmt_size(report.reclaimable_bytes)} {verb}; {report.referenced} referenced by "
         f"{report.metadata_versions} targets version(s); {len(report.young)} younger than "
-        f"{grace_hours:g} h kept"
+        f"{grace_hours:g} h kept; {len(report.stale_uploads)} incomplete upload(s) idle that "
+        f"long, {_fmt_size(uploads)} {'aborted' if delete else 'to abort'}, "
+        f"{report.young_uploads} more recent kept"
     )
     return EXIT_OK
 

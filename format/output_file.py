@@ -5,10 +5,11 @@ Every command that writes a file (convert, build, diff, patch, keygen) checks it
 here first, so ``diff -o OLD`` or ``patch -o /dev/full`` cannot replace an input or a
 device. The temporary is named ``.<target>.<pid>-<random>.partial`` in the target's
 directory (the rename onto the target is then atomic, and a reader never sees a torn
-file); a scratch directory beside it (``diff``'s trial patch) is named the same way
-with the suffix ``.verify``. Staleness rule: a temporary is stale when the process id
-in its name is not running on this machine, or, for a name without one, when it is
-older than :data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
+file); a scratch directory (``diff``'s trial patch beside the target, ``build``'s float
+reference in RAM or beside it) is named the same way with the suffix ``.verify``.
+Staleness rule: a temporary is stale when the process id in its name is not running on
+this machine, or, for a name without one, when it is older than
+:data:`STALE_AGE_SECONDS`. A live writer's temporary is never touched.
 """
 
 from __future__ import annotations
@@ -111,18 +112,22 @@ def pid_is_running(pid: int) -> bool:
     return True
 
 
-def pid_temporary_directory(prefix: str) -> tempfile.TemporaryDirectory[str]:
-    """A scratch directory in the system's temporary directory, named
-    ``<prefix><pid>-<random>`` so :func:`remove_stale_temporary_directories` can tell
-    when its writer is gone."""
-    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+def pid_temporary_directory(
+    prefix: str, root: str | os.PathLike[str] | None = None
+) -> tempfile.TemporaryDirectory[str]:
+    """A scratch directory in ``root`` (default: the system's temporary directory),
+    named ``<prefix><pid>-<random>`` so :func:`remove_stale_temporary_directories` can
+    tell when its writer is gone."""
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=root)
 
 
-def remove_stale_temporary_directories(prefix: str) -> list[Path]:
-    """Delete the :func:`pid_temporary_directory` scratch directories of ``prefix`` whose
-    writer pid is not running on this machine; return them."""
+def remove_stale_temporary_directories(
+    prefix: str, root: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Delete the :func:`pid_temporary_directory` scratch directories of ``prefix`` in
+    ``root`` whose writer pid is not running on this machine; return them."""
     removed: list[Path] = []
-    root = Path(tempfile.gettempdir())
+    root = Path(root if root is not None else tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
             pid = entry.name[len(prefix) :].split("-", 1)[0]

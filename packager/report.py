@@ -11,8 +11,12 @@ series; the PNG (when matplotlib is installed) is drawn by :mod:`.build.report_p
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from edgepack.format.output_file import create_scratch_dir
 
 from .build.report_plot import draw_plot, plot_series
 from .recipe import Recipe
@@ -29,12 +33,25 @@ def _bits(nbytes: int, numel: int) -> float:
 
 def write_report(result: BuildResult, recipe: Recipe) -> tuple[Path, Path | None]:
     md = result.path.with_suffix(".report.md")  # OUT.epk -> OUT.report.md, .png, .json
+    png = result.path.with_suffix(".report.png")
+    report_json = result.path.with_suffix(".report.json")
     series = plot_series(result, recipe)
-    plot = draw_plot(series, result.path.with_suffix(".report.png"))
-    md.write_text(_markdown(result, recipe, plot))
-    doc = {**result.to_json(), "report": str(md), "plot": str(plot) if plot else None}
-    doc["plot_data"] = series.to_json()
-    result.path.with_suffix(".report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    # written in a scratch directory beside the package, then renamed into place: a killed
+    # build leaves no torn report under its name (the next build clears the directory)
+    scratch = create_scratch_dir(result.path)
+    try:
+        plot = draw_plot(series, scratch / png.name)
+        (scratch / md.name).write_text(_markdown(result, recipe, plot and png))
+        doc = {**result.to_json(), "report": str(md), "plot": str(png) if plot else None}
+        doc["plot_data"] = series.to_json()
+        (scratch / report_json.name).write_text(json.dumps(doc, indent=2) + "\n")
+        if plot is not None:
+            os.replace(plot, png)
+            plot = png
+        os.replace(scratch / report_json.name, report_json)
+        os.replace(scratch / md.name, md)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return md, plot
 
 

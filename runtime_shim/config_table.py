@@ -81,6 +81,8 @@ def rope_type_of(scaling: Any) -> str | None:
     if not isinstance(scaling, Mapping):
         return None
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        return repr(kind)  # a list or a map: an unknown type, refused as such (not hashed)
     return None if kind in _PLAIN_ROPE else kind
 
 
@@ -194,6 +196,8 @@ def _token_ids(value: Any) -> str | None:
 
 
 def _package_family(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "a model type name"
     if value not in FAMILIES:
         raise _unsupported("family", f"model type {value!r}")
     return None
@@ -224,6 +228,8 @@ def _package_rope(value: Any) -> str | None:
 
 
 def _package_activation(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "an activation name"
     if value not in set(ACTIVATIONS.values()):
         raise _unsupported("hidden_act", f"activation {value!r}")
     return None

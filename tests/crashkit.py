@@ -25,8 +25,9 @@ from typing import Any
 
 __all__ = ["TEMPORARY_PATTERNS", "kill_at", "run_cli", "temporaries"]
 
-# names the writers give their temporaries (format/output_file.py, server/store/local.py)
-TEMPORARY_PATTERNS = (".*.partial", ".tmp*")
+# names the writers give their temporaries and scratch directories (format/output_file.py,
+# server/store/local.py)
+TEMPORARY_PATTERNS = (".*.partial", ".*.verify", ".tmp*")
 _POLL = 0.002
 
 

@@ -45,7 +45,7 @@ from .plan_doc import plan_doc
 from .quantize import quantize, quantize_embedding
 from .result import BuildResult, Progress
 from .scale import scale_weights
-from .source import FloatModel, open_float, static_sections
+from .source import FloatModel, open_float, remove_stale_scratch, static_sections
 from .verify import plan_kl
 from .write import PackageContent, package_size, write_package
 
@@ -96,6 +96,7 @@ def build(
     if out.resolve() == src.resolve():
         raise BuildOutputError(f"{out} is the source: give the build another output path")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_scratch(out)  # what a killed build of this output left
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     fm = open_float(src)
@@ -157,7 +158,7 @@ def _build(
     samples: list[list[int]] = []
     if calibrating:
         t = time.perf_counter()
-        fm.ensure_model(out.parent, progress)
+        fm.ensure_model(out, progress)
         phases["float model"] = time.perf_counter() - t
         t = time.perf_counter()
         stats, samples = calibrate(fm, recipe, calib_file, progress)
@@ -263,7 +264,7 @@ def _build(
         progress.phase("verify", 1)
         if stats is not None:
             stats.sites.clear()  # the Hessians are done with
-        fm.ensure_model(out.parent, progress)
+        fm.ensure_model(out, progress)
         m.fq = FakeQuantModel(fm.model)  # the first one wraps the released model: drop it
         result.measured_kl = plan_kl(fm, m.fq, m.probe_ids, m.sens, plan, encoded)
         result.predicted_kl = plan.objective if m.probe_info else None

@@ -8,6 +8,9 @@ the build touches do not stay in its resident set). Where it goes is a matter of
 in RAM (``/dev/shm``) when the machine has room for it twice over, so nothing goes
 through a disk; on disk next to the output only when the float model does not fit in
 memory (:func:`float_dir`). A float ``.epk`` source is used as it is (nothing written).
+The file lives in a scratch directory named after the output and the build's pid
+(``edgepack.format.output_file``'s rule), the build says where and how big it is, and
+the next build of the same output clears what a killed one left (:func:`remove_stale_scratch`).
 The RAM file *is* the in-memory float reference: one float32 copy serves the runtime's
 mapping and the build's reads, where separate arrays would be a second one.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,7 @@ from edgepack.format import (
     SectionKind,
 )
 from edgepack.format.model_card import read_model_card
+from edgepack.format.output_file import create_scratch_dir, remove_stale_partials
 from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
@@ -43,7 +47,7 @@ from ..model_card import Fields, card_from_json, card_section, source_card
 from ..quantizers.awq import Transforms
 from .result import Progress
 
-__all__ = ["FloatModel", "float_dir", "open_float", "static_sections"]
+__all__ = ["FloatModel", "float_dir", "open_float", "remove_stale_scratch", "static_sections"]
 
 _SHM = Path("/dev/shm")
 _RAM_HEADROOM = 2  # the float reference goes to RAM while RAM holds it this many times
@@ -118,20 +122,26 @@ class FloatModel:
     def params(self) -> int:
         return sum(math.prod(s) for s in self.shapes)
 
-    def ensure_model(self, workdir: Path, progress: Progress) -> None:
+    def ensure_model(self, out: Path, progress: Progress) -> None:
         """Open the float model on the runtime, writing the float reference first unless
-        the source is one: in memory when it fits, else in ``workdir`` (:func:`float_dir`)."""
+        the source is one: in memory when it fits, else beside ``out`` (:func:`float_dir`)."""
         if self.model is not None:
             return
         if self.path is None:
-            where = float_dir(4 * self.params, workdir)
-            fd, tmp = tempfile.mkstemp(dir=where, prefix=".build.", suffix=".float.epk")
-            os.close(fd)
-            self.path, self.temporary = Path(tmp), True
+            sizer, sections = self._float_sizer()
+            nbytes = sizer.file_size()
+            where = float_dir(nbytes, out.parent)
+            scratch = create_scratch_dir(where / out.name)
+            self.path, self.temporary = scratch / "float.epk", True
+            medium = "RAM" if where == _SHM else "disk: the model does not fit in memory"
+            progress.log(
+                f"float reference: {nbytes:,} bytes in {scratch} ({medium}), "
+                "removed when the build ends"
+            )
             try:
-                self._write_float(progress)
+                self._write_float(progress, sizer, sections)
             except BaseException:
-                self.path.unlink(missing_ok=True)
+                shutil.rmtree(scratch, ignore_errors=True)
                 raise
             self.reader = _no_reader  # drop the source (its mapping) for good
             self.float_ready = True
@@ -141,28 +151,39 @@ class FloatModel:
             self.path, kv="float", activations="float", kernels="numpy", verify="none"
         )
 
-    def _write_float(self, progress: Progress) -> None:
-        assert self.path is not None
-        progress.phase("float model", len(self.names))
-        ops = required_operators(self.identity.architecture, {Encoding.F32})
+    def _float_sizer(self) -> tuple[PackageSizer, list[tuple[SectionKind, bytes, str, str]]]:
+        """The float reference laid out (its exact size, before anything is written)."""
+        sizer = PackageSizer(self.identity, **self._float_fields())
+        sections = static_sections(self)
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            sizer.declare_tensor(name, Encoding.F32, shape)
+        for kind, data, sname, media in sections:
+            sizer.add_section(kind, data, name=sname, media_type=media)
+        return sizer, sections
+
+    def _float_fields(self) -> dict[str, Any]:
         prov = Provenance(
             tool="edgepack",
             tool_version=runtime_version(),
             source_name=self.source_name,
             source_sha256=self.source_sha256,
         )
-        sections = static_sections(self)
-        sizer = PackageSizer(self.identity, required_operators=ops, provenance=prov)
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            sizer.declare_tensor(name, Encoding.F32, shape)
-        for kind, data, sname, media in sections:
-            sizer.add_section(kind, data, name=sname, media_type=media)
+        ops = required_operators(self.identity.architecture, {Encoding.F32})
+        return {"required_operators": ops, "provenance": prov}
+
+    def _write_float(
+        self,
+        progress: Progress,
+        sizer: PackageSizer,
+        sections: list[tuple[SectionKind, bytes, str, str]],
+    ) -> None:
+        assert self.path is not None
+        progress.phase("float model", len(self.names))
         with PackageWriter(
             self.path,
             self.identity,
-            required_operators=ops,
-            provenance=prov,
             data_offset=sizer.data_offset,  # every tensor written in place, once
+            **self._float_fields(),
         ) as w:
             for name in self.names:
                 w.add_tensor(name, Encoding.F32, self.raw(name))
@@ -180,7 +201,7 @@ class FloatModel:
     def close(self) -> None:
         self.release_model()
         if self.temporary and self.path is not None:
-            self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.path.parent, ignore_errors=True)  # the scratch directory
 
 
 def float_dir(nbytes: int, workdir: Path) -> Path:
@@ -193,6 +214,13 @@ def float_dir(nbytes: int, workdir: Path) -> Path:
         if nbytes * _RAM_HEADROOM <= room:
             return _SHM
     return workdir
+
+
+def remove_stale_scratch(out: Path) -> list[Path]:
+    """Clear the float references killed builds of ``out`` left, in RAM and beside it
+    (:func:`float_dir` may have chosen either); return them. A live build's is kept."""
+    places = {out.parent, _SHM} if _SHM.is_dir() else {out.parent}
+    return [p for where in sorted(places) for p in remove_stale_partials(where / out.name)]
 
 
 def _available_memory() -> int:

@@ -12,6 +12,10 @@ lists them and, only when asked, deletes them. Two rules keep it safe:
   an object it finds already stored, and each object's time is read again just before
   it is deleted, so a concurrent publish never loses its payload.
 
+Uploads a killed publish began and never completed (S3 multipart: invisible, but billed
+as storage) are listed too, and aborted with ``delete``, once idle for the same grace
+period (:meth:`Store.pending_uploads`).
+
 A store whose metadata cannot be read is refused: a reference gc cannot see would be a
 live object deleted.
 """
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import RepositoryError
 from ..store import OBJECTS_PREFIX, ObjectInfo, Store, object_key
+from ..store.base import PendingUpload
 from .metadata import METADATA_PREFIX
 from .repository import ReleaseRepository
 
@@ -38,13 +43,17 @@ _METADATA_MAX = 64 * 1024 * 1024
 @dataclass(frozen=True)
 class GarbageReport:
     """``unreferenced``: objects no metadata version lists and older than the grace
-    period (deleted when ``deleted``); ``young``: unreferenced but within it, kept."""
+    period (deleted when ``deleted``); ``young``: unreferenced but within it, kept;
+    ``stale_uploads``: incomplete uploads idle for the grace period (aborted when
+    ``deleted``); ``young_uploads``: how many incomplete uploads were kept."""
 
     unreferenced: tuple[ObjectInfo, ...]
     young: tuple[ObjectInfo, ...]
     referenced: int
     metadata_versions: int
     deleted: bool
+    stale_uploads: tuple[PendingUpload, ...] = ()
+    young_uploads: int = 0
 
     @property
     def reclaimable_bytes(self) -> int:
@@ -74,12 +83,18 @@ def collect_garbage(
             young.append(info)
         else:
             old.append(info)
+    pending = store.pending_uploads()
+    stale = [u for u in pending if u.idle(clock) >= grace_seconds]
     if delete:
         for info in old:
             again = store.stat(info.key)  # a publish may have reused it since the listing
             if again is not None and not _is_young(again, time.time(), grace_seconds):
                 store.delete(info.key)
-    return GarbageReport(tuple(old), tuple(young), count, versions, delete)
+        stale = store.abort_idle_uploads(grace_seconds)  # listed again: one may have moved
+    young_uploads = len(pending) - len(stale)
+    return GarbageReport(
+        tuple(old), tuple(young), count, versions, delete, tuple(stale), max(young_uploads, 0)
+    )
 
 
 def _is_young(info: ObjectInfo, now: float, grace_seconds: float) -> bool:

@@ -25,11 +25,14 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from edgepack.format.output_file import STALE_AGE_SECONDS
 
 from ..errors import ObjectNotFoundError, StoreError
 
@@ -37,6 +40,7 @@ __all__ = [
     "CHUNK_SIZE",
     "OBJECTS_PREFIX",
     "ObjectInfo",
+    "PendingUpload",
     "Store",
     "check_key",
     "object_key",
@@ -93,6 +97,23 @@ class ObjectInfo:
     modified: float | None = None
 
 
+@dataclass(frozen=True)
+class PendingUpload:
+    """An upload begun and never completed (S3 multipart): invisible to readers, billed
+    as storage until aborted. ``last_activity`` is its newest part's time (its start if
+    it has none): a live uploader lands a part every few seconds, so a long-idle upload
+    is a killed one's."""
+
+    key: str
+    upload_id: str
+    started: float  # POSIX seconds
+    last_activity: float
+    size: int  # bytes in the parts received
+
+    def idle(self, now: float) -> float:
+        return now - self.last_activity
+
+
 class Store(ABC):
     """Abstract store. ``url`` is the canonical URL it was opened with."""
 
@@ -144,10 +165,29 @@ class Store(ABC):
     def delete(self, key: str) -> None:
         """Remove ``key``; missing keys are not an error."""
 
-    def remove_stale_temporaries(self, older_than: float = 3600.0) -> int:
-        """Delete what killed writers left in the store; return how many (default: none
-        to clean: an S3 put is atomic; see S3Store.abort_stale_uploads)."""
-        return 0
+    def remove_stale_temporaries(self, older_than: float = STALE_AGE_SECONDS) -> int:
+        """Delete what killed writers left in the store; return how many. Publish runs
+        this first. The default: the uploads idle for ``older_than`` seconds."""
+        return len(self.abort_idle_uploads(older_than))
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        """Incomplete uploads of this store's objects (a backend without them: none)."""
+        return []
+
+    def abort_idle_uploads(
+        self, idle_seconds: float, now: float | None = None
+    ) -> list[PendingUpload]:
+        """Abort the :meth:`pending_uploads` idle for ``idle_seconds`` or more (listed
+        afresh, so one that moved since an earlier listing is kept); return them."""
+        clock = time.time() if now is None else now
+        idle = [u for u in self.pending_uploads() if u.idle(clock) >= idle_seconds]
+        for upload in idle:
+            self.abort_upload(upload)
+        return idle
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        """Discard the parts of ``upload`` (only backends that list uploads have any)."""
+        raise NotImplementedError(f"{type(self).__name__} has no pending uploads")
 
     def touch(self, key: str) -> None:  # noqa: B027 - optional hook
         """Set the object's modification time to now (a backend without times: no-op)."""

@@ -8,8 +8,10 @@
   in parallel, each with its own SHA-256 checksum that S3 verifies on receipt; the
   object is checked after completion against the composite checksum computed locally
   (single PUTs against the full SHA-256), so what landed is what was hashed.
-  An interrupted multipart upload is invisible (and aborted when possible);
-  :meth:`S3Store.abort_stale_uploads` clears what a killed process left.
+  An interrupted multipart upload is invisible (and aborted when possible); what a
+  killed process left is aborted by the next publish once no part has landed for an
+  hour (:meth:`Store.remove_stale_temporaries`; a live upload lands a part every few
+  seconds), and listed or aborted by ``edgepack repo gc``.
 * Retries: botocore's own (``standard`` mode) plus an outer loop with exponential
   backoff and jitter for idempotent calls and for ranged GETs interrupted mid-stream,
   which resume where they stopped (pinned to the ETag first seen).
@@ -30,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgepack.format.output_file import STALE_AGE_SECONDS
+
 from ..errors import ConcurrentUpdateError, ObjectNotFoundError, StoreError
-from .base import CHUNK_SIZE, OBJECTS_PREFIX, ObjectInfo, Store, check_key
+from .base import CHUNK_SIZE, OBJECTS_PREFIX, ObjectInfo, PendingUpload, Store, check_key
 
 __all__ = ["S3Store"]
 
@@ -505,27 +509,77 @@ class S3Store(Store):
             key,
         )
 
-    def abort_stale_uploads(self, older_than: float = 24 * 3600.0) -> int:
-        """Abort multipart uploads under this prefix started more than ``older_than``
-        seconds ago (a killed publisher's leftovers); return how many."""
-        import datetime as dt
+    def remove_stale_temporaries(self, older_than: float | None = None) -> int:
+        """Abort the multipart uploads a killed publisher left: those idle for
+        ``older_than`` seconds (default ``EDGEPACK_S3_STALE_UPLOAD_SECONDS``, an hour);
+        return how many."""
+        if older_than is None:
+            older_than = _env_int("EDGEPACK_S3_STALE_UPLOAD_SECONDS", int(STALE_AGE_SECONDS))
+        return len(self.abort_idle_uploads(older_than))
 
-        now = dt.datetime.now(dt.timezone.utc)
-        kwargs: dict[str, Any] = {"Bucket": self.bucket}
-        if self.prefix:
-            kwargs["Prefix"] = self.prefix + "/"
-        resp = self._retry(lambda: self._client.list_multipart_uploads(**kwargs), None)
-        aborted = 0
-        for up in resp.get("Uploads", []):
-            if (now - up["Initiated"]).total_seconds() >= older_than:
-                self._retry(
-                    lambda u=up: self._client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
-                    ),
-                    up["Key"],
+    def abort_stale_uploads(self, older_than: float | None = None) -> int:
+        """The S3 name of :meth:`remove_stale_temporaries`."""
+        return self.remove_stale_temporaries(older_than)
+
+    def pending_uploads(self) -> list[PendingUpload]:
+        """Incomplete multipart uploads of this store's objects (only ``objects/``: a
+        bucket shared with other software keeps its own uploads), with their parts'
+        sizes and newest time."""
+        prefix = self._full(OBJECTS_PREFIX.rstrip("/")) + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        found: list[PendingUpload] = []
+        markers: dict[str, str] = {}
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, **markers}
+            page = self._retry(lambda kw=kwargs: self._client.list_multipart_uploads(**kw), None)
+            for up in page.get("Uploads", []):
+                started = up["Initiated"].timestamp()
+                size, newest = self._parts(up["Key"], up["UploadId"])
+                found.append(
+                    PendingUpload(
+                        up["Key"][strip:], up["UploadId"], started, max(started, newest), size
+                    )
                 )
-                aborted += 1
-        return aborted
+            if not page.get("IsTruncated"):
+                return found
+            markers = {
+                "KeyMarker": page.get("NextKeyMarker", ""),
+                "UploadIdMarker": page.get("NextUploadIdMarker", ""),
+            }
+
+    def _parts(self, full: str, upload_id: str) -> tuple[int, float]:
+        """(bytes, newest part's POSIX time or 0) of an incomplete upload."""
+        size, newest, marker = 0, 0.0, 0
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "UploadId": upload_id}
+            if marker:
+                kwargs["PartNumberMarker"] = marker
+            try:
+                page = self._retry(lambda kw=kwargs: self._client.list_parts(**kw), None)
+            except StoreError as exc:
+                if "NoSuchUpload" in str(exc):
+                    return size, time.time()  # completed or aborted meanwhile: not idle
+                raise
+            for part in page.get("Parts", []):
+                size += int(part.get("Size", 0))
+                when = part.get("LastModified")
+                newest = max(newest, when.timestamp() if when else 0.0)
+            if not page.get("IsTruncated"):
+                return size, newest
+            marker = int(page.get("NextPartNumberMarker") or 0)
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        full = self._full(upload.key)
+        try:
+            self._retry(
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload.upload_id
+                ),
+                upload.key,
+            )
+        except StoreError as exc:
+            if "NoSuchUpload" not in str(exc):
+                raise  # gone already (completed or aborted by another run): nothing to do
 
     def create_bucket(self) -> None:
         """Create the bucket (tests and first-time setup); existing buckets are fine."""

@@ -1,6 +1,6 @@
-"""SIGKILL during `patch`, `convert` and `publish` (issue 11's crash-harness bar, a few
-seeded trials; bench/crash_cli.py runs many): no partial file under a final name, no
-stale temporary after the next run, `repo verify --deep` OK."""
+"""SIGKILL during `patch`, `convert`, `publish` and `build` (issue 11's crash-harness bar,
+a few seeded trials; bench/crash_cli.py runs many): no partial file under a final name,
+no stale temporary after the next run, `repo verify --deep` OK."""
 
 from __future__ import annotations
 
