@@ -64,14 +64,18 @@ class DraftIndex:
     def draft(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
         matching suffix; empty when no suffix occurred before."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """:meth:`draft` and the length of the suffix it matched (0: none)."""
         toks = self.tokens
         if k <= 0:
-            return []
+            return [], 0
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
             start = self._next.get(tuple(toks[len(toks) - n :]))
             if start is not None:
-                return toks[start : start + k]
-        return []
+                return toks[start : start + k], n
+        return [], 0
 
 
 @dataclass
@@ -111,7 +115,9 @@ class LookupPolicy:
 
     ``a`` is a decayed ratio of accepted drafts to drafts compared (each compared draft
     up to and including the first rejected one), starting from ``prior_accepted`` of
-    ``prior_trials``. ``always``: draft ``max_draft`` tokens whatever it costs."""
+    ``prior_trials``, kept per length of the matched suffix (a 3-gram match predicts
+    far better than a single token) and over all (for lengths not seen yet).
+    ``always``: draft ``max_draft`` tokens whatever it costs."""
 
     max_draft: int = 8
     always: bool = False
@@ -124,23 +130,29 @@ class LookupPolicy:
     def __post_init__(self) -> None:
         if self.max_draft < 1:
             raise ValueError("max_draft must be >= 1")
-        self._accepted = self.prior_accepted
-        self._trials = self.prior_trials
+        # match length (0: all) -> decayed accepted, trials
+        self._counts: dict[int, tuple[float, float]] = {0: (self.prior_accepted, self.prior_trials)}
 
-    @property
-    def acceptance(self) -> float:
-        return self._accepted / self._trials if self._trials > 0 else 0.0
+    def acceptance(self, matched: int = 0) -> float:
+        """Estimated chance that a draft token is right, after a ``matched``-token match."""
+        accepted, trials = self._counts.get(matched, self._counts[0])
+        return accepted / trials if trials > 0 else 0.0
 
-    def record_acceptance(self, drafted: int, accepted: int) -> None:
-        """A draft of ``drafted`` tokens of which the first ``accepted`` were right."""
+    def record_acceptance(self, drafted: int, accepted: int, matched: int = 0) -> None:
+        """A draft of ``drafted`` tokens (after a ``matched``-token suffix match) of which
+        the first ``accepted`` were right."""
         if drafted <= 0:
             return
         trials = accepted + (1 if accepted < drafted else 0)
-        self._accepted = self._accepted * self.decay**trials + accepted
-        self._trials = self._trials * self.decay**trials + trials
+        fade = self.decay**trials
+        prior = (self.prior_accepted, self.prior_trials)
+        old = {key: self._counts.get(key, prior) for key in (0, matched)}
+        for key, (acc0, trials0) in old.items():
+            self._counts[key] = (acc0 * fade + accepted, trials0 * fade + trials)
 
-    def draft_length(self, available: int | None = None) -> int:
-        """Tokens to draft now (0: a plain decode step). ``available``: at most that many."""
+    def draft_length(self, available: int | None = None, matched: int = 0) -> int:
+        """Tokens to draft now (0: a plain decode step), at most ``available``, for a
+        draft found after a ``matched``-token suffix match."""
         cap = self.max_draft if available is None else min(self.max_draft, available)
         if cap <= 0:
             return 0
@@ -149,7 +161,7 @@ class LookupPolicy:
         t1 = self.costs.estimate(1)
         if t1 is None:
             return 0  # time a plain step first
-        a = self.acceptance
+        a = self.acceptance(matched)
         best_k, best_rate = 0, self.margin / t1
         expected = 1.0
         for k in range(1, cap + 1):
@@ -177,6 +189,8 @@ class LookupDecoder:
         self.stats = LookupStats()
         self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
         self._shadow_hits = 0
+        self._shadow_matched = 0
+        self.matched = 0  # suffix match length of the last proposed draft
 
     def push(self, token: int) -> None:
         """A token joined the context (generated or accepted)."""
@@ -190,20 +204,22 @@ class LookupDecoder:
         self.index.push(token)
 
     def _settle_shadow(self) -> None:
-        self.policy.record_acceptance(len(self._shadow), self._shadow_hits)
+        self.policy.record_acceptance(len(self._shadow), self._shadow_hits, self._shadow_matched)
         self._shadow, self._shadow_hits = [], 0
 
     def propose(self, limit: int) -> list[int]:
         """Draft tokens for the next pass (at most ``limit``; empty: a plain step)."""
         if limit <= 0:
             return []
-        k = self.policy.draft_length(limit)
+        draft, matched = self.index.match(min(self.policy.max_draft, limit))
+        k = self.policy.draft_length(len(draft), matched)
         if k == 0:
-            if not self._shadow:
-                self._shadow = self.index.draft(min(self.policy.max_draft, limit))
+            if draft and not self._shadow:
+                self._shadow, self._shadow_matched = draft, matched
             return []
         self._shadow, self._shadow_hits = [], 0  # measured for real from here
-        return self.index.draft(k)
+        self.matched = matched
+        return draft[:k]
 
     def timed(self, tokens: int, seconds: float) -> None:
         self.policy.costs.observe(tokens, seconds)
@@ -212,4 +228,4 @@ class LookupDecoder:
         self.stats.drafted += drafted
         self.stats.accepted += accepted
         self.stats.passes += 1
-        self.policy.record_acceptance(drafted, accepted)
+        self.policy.record_acceptance(drafted, accepted, self.matched)

@@ -132,11 +132,29 @@ def test_always_drafts_whatever_it_costs() -> None:
 def test_acceptance_counts_compared_drafts_up_to_the_first_rejection() -> None:
     p = LookupPolicy(prior_accepted=0.0, prior_trials=0.0, decay=1.0)
     p.record_acceptance(drafted=5, accepted=2)  # 2 right, the third wrong, 2 never compared
-    assert p.acceptance == pytest.approx(2 / 3)
+    assert p.acceptance() == pytest.approx(2 / 3)
     p.record_acceptance(drafted=3, accepted=3)
-    assert p.acceptance == pytest.approx(5 / 6)
+    assert p.acceptance() == pytest.approx(5 / 6)
     p.record_acceptance(drafted=0, accepted=0)
-    assert p.acceptance == pytest.approx(5 / 6)
+    assert p.acceptance() == pytest.approx(5 / 6)
+
+
+def test_acceptance_is_kept_per_match_length_and_pooled_for_new_lengths() -> None:
+    p = LookupPolicy(prior_accepted=0.0, prior_trials=0.0, decay=1.0)
+    p.record_acceptance(drafted=4, accepted=4, matched=3)
+    p.record_acceptance(drafted=4, accepted=0, matched=1)
+    assert p.acceptance(3) == 1.0
+    assert p.acceptance(1) == 0.0
+    assert p.acceptance(2) == pytest.approx(4 / 5)  # not seen: all matches pooled
+
+
+def test_a_good_match_length_drafts_while_a_poor_one_does_not() -> None:
+    p = _policy(10.0, 2.0, 0.0, trials=0.0, decay=1.0)
+    for _ in range(10):
+        p.record_acceptance(4, 4, matched=3)
+        p.record_acceptance(4, 0, matched=1)
+    assert p.draft_length(matched=3) > 0
+    assert p.draft_length(matched=1) == 0
 
 
 def test_falling_acceptance_switches_off_and_rising_switches_back_on() -> None:
@@ -164,7 +182,7 @@ def test_shadow_drafts_measure_acceptance_while_off() -> None:
     assert dec.propose(4) == []  # off: acceptance 0
     for t in (3, 4, 5, 6):  # the text goes on exactly as the looked-up draft said
         dec.push(t)
-    assert policy.acceptance == pytest.approx(4 / 14)
+    assert policy.acceptance(2) == pytest.approx(4 / 14)  # after a 2-token match
     draft = dec.propose(4)  # worth it now
     assert draft and draft == [1, 2, 3, 4][: len(draft)]
     assert dec.stats.drafted == 0  # nothing was sent to a model yet
@@ -179,7 +197,7 @@ def test_a_wrong_shadow_draft_counts_as_one_rejection() -> None:
     assert dec.propose(2) == []
     dec.push(8)
     dec.push(0)  # the draft said 8, 9
-    assert policy.acceptance == pytest.approx(1 / 2)
+    assert policy.acceptance(1) == pytest.approx(1 / 2)
 
 
 def test_verified_passes_are_counted() -> None:
