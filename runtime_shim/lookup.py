@@ -6,7 +6,12 @@ down to 1) is looked up among earlier positions; the tokens that followed its mo
 recent earlier occurrence are the draft. The session feeds ``[last token, *draft]`` to
 one forward pass, keeps the drafts greedy decoding would have chosen itself (plus the
 token after them, which that pass also predicts) and cuts the KV sequence back past the
-first rejected one. The output is token for token what plain greedy decoding gives.
+first rejected one. The output is token for token what plain greedy decoding gives
+when the kernels are batch invariant (each row of a many-token pass bit-identical to a
+one-token pass: the native kernels' whole-layer path is, and a test holds it to that);
+numpy's BLAS is not (rows differ by ~1e-6, enough to flip a near tie), so ``"auto"``
+drafts only on :func:`batch_invariant` kernels. Sampling runs plain (this is no
+speculative-sampling implementation).
 
 Whether to draft, and how many tokens, is :class:`LookupPolicy`'s call: it compares the
 expected tokens per verify pass (from the measured acceptance rate) against the
@@ -27,6 +32,7 @@ __all__ = [
     "LookupDecoder",
     "LookupPolicy",
     "PassCosts",
+    "batch_invariant",
     "lookup_mode",
 ]
 
@@ -38,6 +44,12 @@ def lookup_mode(value: object) -> bool | str:
     if value is True or value is False or value == "auto":
         return value  # type: ignore[return-value]
     raise ValueError(f"lookup must be True, False or 'auto', got {value!r}")
+
+
+def batch_invariant(kernel_path: str) -> bool:
+    """The kernels named ``kernel_path`` (``Model.kernel_path``) compute each row of a
+    many-token pass exactly as a one-token pass: native, with no op on numpy."""
+    return kernel_path.startswith("native") and "numpy" not in kernel_path
 
 
 class DraftIndex:

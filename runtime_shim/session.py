@@ -16,7 +16,7 @@ import numpy as np
 
 from .chat import render_chat
 from .errors import InvalidRequestError
-from .lookup import LookupDecoder, LookupPolicy, PassCosts, lookup_mode
+from .lookup import LookupDecoder, LookupPolicy, PassCosts, batch_invariant, lookup_mode
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
@@ -216,8 +216,11 @@ class Session:
         generated: list[int] = []
         t_decode = None
         stats.finish_reason = "length"
-        lk = None  # greedy only: sampling draws would need the speculative acceptance rule
-        if lookup is not False and params.temperature == 0.0:
+        # greedy only (sampling would need the speculative acceptance rule); "auto" only
+        # where verifying in one pass cannot change a logit bit
+        lk = None
+        exact = lookup is True or batch_invariant(model.kernel_path)
+        if lookup is not False and params.temperature == 0.0 and exact:
             policy = LookupPolicy(always=lookup is True, costs=self._lookup_costs)
             lk = LookupDecoder(policy, ids)
             stats.lookup = "on" if lookup is True else "auto"
