@@ -40,6 +40,15 @@ def _stats_json(st: GenerationStats) -> dict[str, Any]:
     }
 
 
+def _lookup_line(st: GenerationStats) -> str:
+    if st.lookup == "off":
+        return ""
+    return (
+        f"prompt lookup ({st.lookup}): {st.accepted_tokens} of {st.drafted_tokens} drafted "
+        f"tokens accepted in {st.verify_passes} verify passes\n"
+    )
+
+
 def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     log_to_stderr(logging.Formatter("%(message)s"), level)
@@ -87,6 +96,16 @@ def _log_to_stderr(verbose: bool, quiet: bool = False) -> None:
 )
 @threshold_option
 @require_signature_option
+@click.option(
+    "--lookup",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    is_flag=False,
+    flag_value="on",
+    help="Prompt-lookup decoding (greedy only, same output): draft tokens from the "
+    "prompt, verified in one pass. --lookup alone: on; auto: only while it is faster. "
+    "[default: the runtime's]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
 @json_option("the generated text and the statistics, one object at the end")
 @click.option(
@@ -110,6 +129,7 @@ def run(
     verify: str,
     threshold: int,
     require_signature: bool,
+    lookup: str | None,
     verbose: bool,
     as_json: bool,
     quiet: bool,
@@ -135,7 +155,11 @@ def run(
     )
     with model:
         session = model.session()
-        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        sampling: dict[str, Any] = {
+            "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed
+        }  # fmt: skip
+        if lookup is not None:
+            sampling["lookup"] = {"on": True, "off": False}.get(lookup, lookup)
         if chat:
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": prompt})
@@ -162,6 +186,7 @@ def run(
             f"decode {st.decode_tokens_per_s:.1f} tok/s\n"
             f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
             f"kv {st.kv_mode}; activations {st.activations}\n"
+            f"{_lookup_line(st)}"
             f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB",
             err=True,
         )
