@@ -219,8 +219,8 @@ class Session:
         # greedy only (sampling would need the speculative acceptance rule); "auto" only
         # where verifying in one pass cannot change a logit bit
         lk = None
-        exact = lookup is True or batch_invariant(model.kernel_path)
-        if lookup is not False and params.temperature == 0.0 and exact:
+        greedy = lookup is not False and params.temperature == 0.0
+        if greedy and (lookup is True or batch_invariant(model)):
             policy = LookupPolicy(always=lookup is True, costs=self._lookup_costs)
             lk = LookupDecoder(policy, ids)
             stats.lookup = "on" if lookup is True else "auto"

@@ -74,7 +74,7 @@ def test_native_kernels_are_batch_invariant(tiny, enc: str, kv: str) -> None:
     """Each row of a many-token pass equals a one-token pass bit for bit (logits and the
     K/V written): what lets a verify pass stand in for decode steps."""
     with _open(tiny[enc], kv=kv) as m:
-        assert batch_invariant(m.kernel_path), m.kernel_path
+        assert batch_invariant(m), m.kernel_path
         ids = [int(t) for t in np.random.default_rng(0).integers(0, 288, 30)]
         one, many = m.new_sequence(), m.new_sequence()
         m.forward(one, ids[:20])
@@ -212,9 +212,20 @@ def test_repetition_penalty_is_applied_per_position(tiny) -> None:
 
 def test_auto_stays_off_on_kernels_that_are_not_batch_invariant(tiny) -> None:
     with rt.open(tiny["int8"], verify="none", kernels="numpy") as m:
-        assert not batch_invariant(m.kernel_path)
+        assert not batch_invariant(m)
         _, s = _run(m, _prompts()[0], "auto")
         assert s.stats.lookup == "off" and s.stats.drafted_tokens == 0
+
+
+def test_auto_stays_off_where_native_attention_runs_on_numpy(tmp_path: Path) -> None:
+    """head_dim 16 with the int8 cache: the native backend attends on numpy, whose rows
+    of a many-token pass differ from one-token passes; the probe finds it out."""
+    src = tiny_model_dir(tmp_path, num_attention_heads=8, num_key_value_heads=4)
+    with _open(convert_to(tmp_path, src, "int8")) as m:
+        assert m.config.head_dim == 16
+        assert not batch_invariant(m)
+        _, s = _run(m, _prompts()[0], "auto")
+        assert s.stats.lookup == "off"
 
 
 def test_bad_lookup_value_is_refused(tiny) -> None:
