@@ -25,7 +25,7 @@ model cost), so it switches itself back on when the text starts copying again.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -60,12 +60,13 @@ _INVARIANT: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
 _PROBE = (4, 4)  # tokens prefilled, then decoded one by one vs in one pass
 
 
-def batch_invariant(model: Model) -> bool:
+def batch_invariant(model: Model, try_passes: bool = True) -> bool:
     """Whether ``model``'s passes give each row of a many-token pass bit for bit what a
     one-token pass gives (logits and the K/V written). Native kernels with no op on
     numpy only, then tried once per model on two scratch sequences of 9 tokens (under
     100 ms on SmolLM2-135M; released after, a full block of them at most stays as an
-    evictable cached prefix)."""
+    evictable cached prefix). ``try_passes=False``: the answer without running the
+    model (True when only trying could tell)."""
     known = _INVARIANT.get(model)
     if known is not None:
         return known
@@ -73,6 +74,8 @@ def batch_invariant(model: Model) -> bool:
     if not path.startswith("native") or "numpy" in path:
         _INVARIANT[model] = False
         return False
+    if not try_passes:
+        return True
     head, tail = _PROBE
     vocab = model.config.vocab_size
     ids = [(7919 * i + 1) % vocab for i in range(head + tail + 1)]
@@ -235,10 +238,19 @@ class LookupStats:
 
 class LookupDecoder:
     """The session's side of lookup decoding: the context index, the policy, and the
-    free ("shadow") acceptance measurement while the policy drafts nothing."""
+    free ("shadow") acceptance measurement while the policy drafts nothing. ``exact``
+    is asked the first time a draft is wanted (not before: it may cost model passes);
+    False switches lookup off for good (:attr:`off`)."""
 
-    def __init__(self, policy: LookupPolicy, context: Sequence[int]) -> None:
+    def __init__(
+        self,
+        policy: LookupPolicy,
+        context: Sequence[int],
+        exact: Callable[[], bool] | None = None,
+    ) -> None:
         self.policy = policy
+        self._exact = exact
+        self.off = False
         self.index = DraftIndex(context)
         self.stats = LookupStats()
         self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
@@ -263,7 +275,7 @@ class LookupDecoder:
 
     def propose(self, limit: int) -> list[int]:
         """Draft tokens for the next pass (at most ``limit``; empty: a plain step)."""
-        if limit <= 0:
+        if limit <= 0 or self.off:
             return []
         draft, matched = self.index.match(min(self.policy.max_draft, limit))
         k = self.policy.draft_length(len(draft), matched)
@@ -271,6 +283,10 @@ class LookupDecoder:
             if draft and not self._shadow:
                 self._shadow, self._shadow_matched = draft, matched
             return []
+        if self._exact is not None:
+            self.off, self._exact = not self._exact(), None
+            if self.off:
+                return []
         self._shadow, self._shadow_hits = [], 0  # measured for real from here
         self.matched = matched
         return draft[:k]

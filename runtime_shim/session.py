@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,7 +122,7 @@ class Session:
         output: str | None = None,
         add_special_tokens: bool = True,
         sampling: SamplingParams | None = None,
-        lookup: bool | str = False,
+        lookup: bool | str = "auto",
     ) -> Iterator[Any]:
         """Stream a continuation of ``prompt`` (text or token ids).
 
@@ -131,8 +132,9 @@ class Session:
         or token id, or when the context is full. ``temperature=0`` is greedy.
         ``sampling`` (a :class:`SamplingParams`) replaces the five sampling arguments.
         ``lookup``: prompt-lookup decoding (:mod:`.lookup`), greedy only (sampling runs
-        plain): ``True`` drafts every step, ``"auto"`` only while it measures faster;
-        the output is the same either way.
+        plain): ``"auto"`` (default) drafts only while it measures faster and only on
+        kernels where the output stays bit for bit plain decoding's; ``True`` drafts every
+        step; ``False`` never.
         ``self.stats`` describes the call once the generator is exhausted or closed.
         """
         if isinstance(prompt, str):
@@ -220,9 +222,10 @@ class Session:
         # where verifying in one pass cannot change a logit bit
         lk = None
         greedy = lookup is not False and params.temperature == 0.0
-        if greedy and (lookup is True or batch_invariant(model)):
+        if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
             policy = LookupPolicy(always=lookup is True, costs=self._lookup_costs)
-            lk = LookupDecoder(policy, ids)
+            exact = None if lookup is True else partial(batch_invariant, model)
+            lk = LookupDecoder(policy, ids, exact)
             stats.lookup = "on" if lookup is True else "auto"
         queued: list[int] = []  # tokens a verify pass already chose, not yet emitted
         try:
@@ -285,6 +288,7 @@ class Session:
                 if generated and self.seq.length > keep:
                     with model.lock:
                         self.seq.truncate(keep)
+                stats.lookup = "off" if lk.off else stats.lookup
                 stats.drafted_tokens = lk.stats.drafted
                 stats.accepted_tokens = lk.stats.accepted
                 stats.verify_passes = lk.stats.passes
