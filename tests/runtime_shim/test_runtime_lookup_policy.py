@@ -205,3 +205,22 @@ def test_verified_passes_are_counted() -> None:
     assert dec.propose(3) == [2, 1]
     dec.verified(2, 1)
     assert (dec.stats.drafted, dec.stats.accepted, dec.stats.passes) == (2, 1, 1)
+
+
+def test_the_exactness_check_is_asked_once_when_a_draft_is_first_wanted() -> None:
+    asked = []
+
+    def exact() -> bool:
+        asked.append(1)
+        return False
+
+    dec = LookupDecoder(LookupPolicy(always=True), [1, 2, 1], exact)
+    assert dec.propose(0) == [] and not asked  # no draft wanted: not asked
+    assert dec.propose(3) == [] and dec.off and len(asked) == 1
+    dec.push(2)
+    assert dec.propose(3) == [] and len(asked) == 1
+
+
+def test_a_passing_exactness_check_lets_drafts_through() -> None:
+    dec = LookupDecoder(LookupPolicy(always=True), [1, 2, 1], lambda: True)
+    assert dec.propose(3) == [2, 1] and not dec.off
