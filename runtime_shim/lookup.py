@@ -44,6 +44,7 @@ __all__ = [
     "PassCosts",
     "batch_invariant",
     "lookup_mode",
+    "pass_costs",
 ]
 
 LOOKUP_MODES = (True, False, "auto")
@@ -57,6 +58,7 @@ def lookup_mode(value: object) -> bool | str:
 
 
 _INVARIANT: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
+_COSTS: weakref.WeakKeyDictionary[Model, PassCosts] = weakref.WeakKeyDictionary()
 _PROBE = (4, 4)  # tokens prefilled, then decoded one by one vs in one pass
 
 
@@ -161,6 +163,14 @@ class PassCosts:
         slopes = [(t - t1) / (m - 1) for m, t in self.seconds.items() if m > 1]
         slope = sum(slopes) / len(slopes) if slopes else self.prior_slope * t1
         return t1 + max(slope, 0.0) * (tokens - 1)
+
+
+def pass_costs(model: Model) -> PassCosts:
+    """The pass costs measured on ``model`` so far, shared by its sessions and calls."""
+    costs = _COSTS.get(model)
+    if costs is None:
+        costs = _COSTS[model] = PassCosts()
+    return costs
 
 
 @dataclass

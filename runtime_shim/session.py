@@ -17,7 +17,7 @@ import numpy as np
 
 from .chat import render_chat
 from .errors import InvalidRequestError
-from .lookup import LookupDecoder, LookupPolicy, PassCosts, batch_invariant, lookup_mode
+from .lookup import LookupDecoder, LookupPolicy, batch_invariant, lookup_mode, pass_costs
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
@@ -34,7 +34,6 @@ class Session:
         self.forward_stats = ForwardStats()  # cumulative
         self.stats = GenerationStats(kernel_path=model.kernel_path, kv_mode=model.kv_mode)
         self._closed = False
-        self._lookup_costs = PassCosts()  # measured pass costs carry over calls
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -223,7 +222,7 @@ class Session:
         lk = None
         greedy = lookup is not False and params.temperature == 0.0
         if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
-            policy = LookupPolicy(always=lookup is True, costs=self._lookup_costs)
+            policy = LookupPolicy(always=lookup is True, costs=pass_costs(model))
             exact = None if lookup is True else partial(batch_invariant, model)
             lk = LookupDecoder(policy, ids, exact)
             stats.lookup = "on" if lookup is True else "auto"

@@ -12,7 +12,7 @@ import pytest
 from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
 
 import edgepack.runtime_shim as rt
-from edgepack.runtime_shim.lookup import DraftIndex, batch_invariant
+from edgepack.runtime_shim.lookup import DraftIndex, batch_invariant, pass_costs
 
 ENCODINGS = ("f32", "int8", "int4-g32")
 
@@ -226,6 +226,17 @@ def test_auto_stays_off_where_native_attention_runs_on_numpy(tmp_path: Path) -> 
         assert not batch_invariant(m)
         _, s = _run(m, _prompts()[0], "auto")
         assert s.stats.lookup == "off"
+
+
+def test_pass_costs_are_measured_once_per_model(tiny) -> None:
+    with _open(tiny["int8"]) as m:
+        costs = pass_costs(m)
+        assert not costs.seconds
+        _run(m, _prompts()[0], True)
+        assert 1 in costs.seconds and any(n > 1 for n in costs.seconds)
+        assert pass_costs(m) is costs  # the next session starts from them
+        with _open(tiny["int8"]) as other:
+            assert pass_costs(other) is not costs
 
 
 def test_bad_lookup_value_is_refused(tiny) -> None:
