@@ -30,6 +30,13 @@ def short_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert_to(root, tiny_model_dir(root, max_position_embeddings=48), "int8")
 
 
+@pytest.fixture(scope="module")
+def small_blocks(tiny) -> rt.Model:
+    """The int8 tiny model with 4-token KV blocks: drafts cross block boundaries."""
+    with _open(tiny["int8"], kv_block_size=4) as m:
+        yield m
+
+
 def _open(pkg: Path, **kw) -> rt.Model:
     native_runtime_module("decoder_layer")
     kw.setdefault("kernels", "native")
@@ -66,6 +73,15 @@ def _oracle(monkeypatch: pytest.MonkeyPatch, full: list[int], wrong_every: int =
         return draft, 3
 
     monkeypatch.setattr(DraftIndex, "match", match)
+
+
+def _plain(m: rt.Model, prompt: list[int], monkeypatch, wrong_every: int | None) -> list[int]:
+    """30 plain greedy tokens; then drafts from :func:`_oracle` unless ``wrong_every`` is
+    None (the real n-gram drafts)."""
+    plain, _ = _run(m, prompt, False, max_tokens=30)
+    if wrong_every is not None:
+        _oracle(monkeypatch, prompt + plain, wrong_every)
+    return plain
 
 
 @pytest.mark.parametrize("kv", ["int8", "float"])
@@ -106,41 +122,35 @@ def test_greedy_output_is_identical(tiny, enc: str, lookup) -> None:
 
 
 @pytest.mark.parametrize("wrong_every", [0, 5, None])
-def test_max_tokens_at_every_draft_boundary(tiny, monkeypatch, wrong_every) -> None:
-    with _open(tiny["int8"], kv_block_size=4) as m:
-        prompt = _prompts()[2]
-        plain, _ = _run(m, prompt, False, max_tokens=30)
-        if wrong_every is not None:
-            _oracle(monkeypatch, prompt + plain, wrong_every)
-        for n in range(1, 31):
-            got, s = _run(m, prompt, True, max_tokens=n)
-            assert got == plain[:n], n
-            assert s.tokens == prompt + plain[: n - 1]
-        if wrong_every == 0:
-            # 29 tokens after the prefill's: three passes of 8 drafts + 1, then 1 + 1
-            assert s.stats.accepted_tokens == s.stats.drafted_tokens == 25
-            assert s.stats.verify_passes == 4
+def test_max_tokens_at_every_draft_boundary(small_blocks, monkeypatch, wrong_every) -> None:
+    prompt = _prompts()[2]
+    plain = _plain(small_blocks, prompt, monkeypatch, wrong_every)
+    for n in range(1, 31):
+        got, s = _run(small_blocks, prompt, True, max_tokens=n)
+        assert got == plain[:n], n
+        assert s.tokens == prompt + plain[: n - 1]
+    if wrong_every == 0:
+        # 29 tokens after the prefill's: three passes of 8 drafts + 1, then 1 + 1
+        assert s.stats.accepted_tokens == s.stats.drafted_tokens == 25
+        assert s.stats.verify_passes == 4
 
 
 @pytest.mark.parametrize("wrong_every", [0, 4, None])
-def test_stop_tokens_inside_a_draft(tiny, monkeypatch, wrong_every) -> None:
-    with _open(tiny["int8"], kv_block_size=4) as m:
-        prompt = _prompts()[4]
-        plain, _ = _run(m, prompt, False, max_tokens=30)
-        if wrong_every is not None:
-            _oracle(monkeypatch, prompt + plain, wrong_every)
-        for j in range(1, 30):
-            want, ps = _run(m, prompt, False, max_tokens=30, stop=[plain[j]])
-            got, ls = _run(m, prompt, True, max_tokens=30, stop=[plain[j]])
-            assert got == want and ls.stats.finish_reason == ps.stats.finish_reason == "eos"
-            assert ls.tokens == ps.tokens
+def test_stop_tokens_inside_a_draft(small_blocks, monkeypatch, wrong_every) -> None:
+    prompt = _prompts()[4]
+    plain = _plain(small_blocks, prompt, monkeypatch, wrong_every)
+    for j in range(1, 30):
+        stop = [plain[j]]
+        want, ps = _run(small_blocks, prompt, False, max_tokens=30, stop=stop)
+        got, ls = _run(small_blocks, prompt, True, max_tokens=30, stop=stop)
+        assert got == want and ls.stats.finish_reason == ps.stats.finish_reason == "eos"
+        assert ls.tokens == ps.tokens
 
 
 def test_a_closed_stream_leaves_the_plain_context(tiny, monkeypatch) -> None:
     with _open(tiny["int8"], kv_block_size=4) as m:
         prompt = _prompts()[4]
-        plain, _ = _run(m, prompt, False, max_tokens=30)
-        _oracle(monkeypatch, prompt + plain)
+        plain = _plain(m, prompt, monkeypatch, 0)
         s = m.session()
         stream = s.generate(prompt, 30, lookup=True)
         got = [next(stream) for _ in range(3)]  # inside the first 8-token draft
