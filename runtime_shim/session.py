@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .chat import render_chat
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, KVCacheFullError
 from .lookup import LookupDecoder, LookupPolicy, batch_invariant, lookup_mode, pass_costs
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
@@ -310,7 +310,13 @@ class Session:
             logits = model.forward(self.seq, [tid], stats=self.forward_stats)
             lk.timed(1, time.perf_counter() - t0)
             return logits, []
-        rows = model.forward(self.seq, [tid, *draft], logits="all", stats=self.forward_stats)
+        try:
+            rows = model.forward(self.seq, [tid, *draft], logits="all", stats=self.forward_stats)
+        except KVCacheFullError:  # drafts need a block plain decoding would not: stop them
+            with model.lock:
+                self.seq.truncate(self.seq.length)  # return blocks the pass reserved
+            lk.off = True
+            return model.forward(self.seq, [tid], stats=self.forward_stats), []
         assert rows is not None
         lk.timed(len(draft) + 1, time.perf_counter() - t0)
         chosen: list[int] = []

@@ -249,6 +249,28 @@ def test_pass_costs_are_measured_once_per_model(tiny) -> None:
             assert pass_costs(other) is not costs
 
 
+def test_a_full_kv_cache_on_a_draft_pass_falls_back_to_plain(tiny, monkeypatch) -> None:
+    """A verify pass can need a block plain decoding would not (a copy-on-write copy):
+    when the pool has none, lookup stops for the call and decoding goes on plainly."""
+    from edgepack.runtime_shim.errors import KVCacheFullError
+
+    with _open(tiny["int8"]) as m:
+        prompt = _prompts()[2]
+        plain, _ = _run(m, prompt, False)
+        forward = m.forward
+
+        def tight(seq, tokens, **kw):
+            if len(tokens) > 1 and seq.length > len(prompt):
+                raise KVCacheFullError("KV cache full")
+            return forward(seq, tokens, **kw)
+
+        monkeypatch.setattr(m, "forward", tight)
+        _oracle(monkeypatch, prompt + plain)
+        got, s = _run(m, prompt, True)
+        assert got == plain and s.tokens == prompt + plain[:-1]
+        assert s.stats.lookup == "off" and s.stats.verify_passes == 1  # the one that fit
+
+
 def test_bad_lookup_value_is_refused(tiny) -> None:
     with rt.open(tiny["int8"], verify="none") as m:
         with pytest.raises(ValueError, match="lookup"):
