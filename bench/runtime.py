@@ -5,6 +5,13 @@ machine's measured memory bandwidth.
 
     python bench/runtime.py [--int8 PKG] [--int4 PKG] [--threads 2] [--runs 3]
                             [--llama-bench PATH --llama-q4 GGUF --llama-q8 GGUF]
+    python bench/runtime.py --lookup [--paragraphs 4] [--max-tokens 128] ...
+
+``--lookup`` instead measures prompt-lookup decoding on an input-grounded task: the
+instruct model rewrites paragraphs of the evaluation text (``pydoc_data`` topics, sorted
+keys ``[40:]``), greedy, plain and ``lookup="auto"`` in turn per run; it prints decode
+tok/s of both, the speedup, drafted/accepted tokens and whether the outputs were
+identical (they must be).
 
 Packages not given are converted from the sample model once (``$EDGEPACK_CACHE``,
 ``bench-runtime/``). Without ``--llama-bench`` the llama.cpp column shows the figures
@@ -76,6 +83,93 @@ def _prompt_ids(model, n: int) -> list[int]:
     return ids[:n]
 
 
+def _paragraphs(n: int) -> list[str]:
+    """``n`` prose paragraphs (400-800 characters, no code) of the evaluation text."""
+    import pydoc_data.topics as topics
+
+    keys = sorted(topics.topics)
+    text = "\n\n".join(topics.topics[k] for k in keys[40:])
+    paras = [p.strip() for p in text.split("\n\n")]
+    prose = [
+        p
+        for p in paras
+        if 400 <= len(p) <= 800 and "*" not in p and not any(ln[:1] == " " for ln in p.splitlines())
+    ]
+    return prose[:n]
+
+
+def _rewrite_prompt(model, paragraph: str) -> list[int]:
+    session = model.session()
+    text = session.render_chat(
+        [{"role": "user", "content": f"Rewrite this paragraph in plain words:\n\n{paragraph}"}]
+    )
+    session.close()
+    return model.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _generate_timed(model, prompt: list[int], max_tokens: int, lookup) -> tuple[list[int], object]:
+    """Greedy ids and the generation statistics, on a fresh session (no cached prompt)."""
+    model.kv_pool.clear_cache()
+    with model.session() as session:
+        ids = list(session.generate(prompt, max_tokens, lookup=lookup))
+        return ids, session.stats
+
+
+def lookup_bench(args: argparse.Namespace, pkgs: dict[str, Path]) -> int:
+    """Plain vs prompt-lookup greedy decoding, side by side, on rewriting paragraphs."""
+    from edgepack import runtime_shim as rt
+
+    paragraphs = _paragraphs(args.paragraphs)
+    kernels = args.kernels.split(",")[-1]
+    rows = []
+    for key, path in pkgs.items():
+        model = rt.open(path, threads=args.threads, kernels=kernels)
+        prompts = [_rewrite_prompt(model, p) for p in paragraphs]
+        for prompt in prompts:  # warm-up: page the weights in, time the pass sizes
+            _generate_timed(model, prompt, 16, "auto")
+        got: dict[str, list[float]] = {"plain": [], "lookup": []}
+        identical, drafted, accepted, tokens = True, 0, 0, 0
+        for _ in range(args.runs):
+            for which, mode in (("plain", False), ("lookup", "auto")):
+                steps = seconds = 0.0
+                outs = []
+                for prompt in prompts:
+                    ids, st = _generate_timed(model, prompt, args.max_tokens, mode)
+                    outs.append(ids)
+                    steps += max(st.generated_tokens - 1, 0)
+                    seconds += st.decode_seconds
+                    if which == "lookup":
+                        drafted += st.drafted_tokens
+                        accepted += st.accepted_tokens
+                    else:
+                        tokens += st.generated_tokens
+                got[which].append(steps / seconds)
+                if which == "plain":
+                    plain_outs = outs
+                else:
+                    identical &= outs == plain_outs
+        plain, look = (statistics.median(got[w]) for w in ("plain", "lookup"))
+        rows.append((key, model.kernel_path, plain, look, drafted, accepted, tokens, identical))
+        model.close()
+    print(
+        f"SmolLM2-135M-Instruct, prompt-lookup decoding: rewrite {len(paragraphs)} paragraphs "
+        f"of the evaluation text, greedy, {args.max_tokens} tokens max, {args.threads} threads, "
+        f"median of {args.runs} runs (decode tok/s over all paragraphs)\n"
+    )
+    print(
+        f"{'package':<8} {'plain tok/s':>12} {'lookup tok/s':>13} {'speedup':>8} "
+        f"{'accepted/drafted':>17} {'identical':>10}"
+    )
+    for key, _path, plain, look, drafted, accepted, _tokens, identical in rows:
+        print(
+            f"{key:<8} {plain:>12.1f} {look:>13.1f} {look / plain:>7.2f}x "
+            f"{f'{accepted}/{drafted}':>17} {'yes' if identical else 'NO':>10}"
+        )
+    for key, path, *_ in rows:
+        print(f"{key}: {path}")
+    return 0 if all(r[-1] for r in rows) else 1
+
+
 def measure_bandwidth(threads: int, size: int = 512 << 20, runs: int = 5) -> float:
     """GB/s of a streaming read (max-reduce) of a large array, ``threads`` threads."""
     a = np.ones(size // 4, np.float32)
@@ -113,6 +207,9 @@ def main() -> int:
     ap.add_argument("--llama-bench", help="llama.cpp llama-bench binary to run side by side")
     ap.add_argument("--llama-q4", help="Q4_0 GGUF for --llama-bench")
     ap.add_argument("--llama-q8", help="Q8_0 GGUF for --llama-bench")
+    ap.add_argument("--lookup", action="store_true", help="plain vs prompt-lookup decoding")
+    ap.add_argument("--paragraphs", type=int, default=4, help="paragraphs (--lookup)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens each (--lookup)")
     args = ap.parse_args()
 
     import logging
@@ -123,6 +220,8 @@ def main() -> int:
     from edgepack.runtime_shim.speed import decode_rate, prefill_rate
 
     pkgs = _packages(args)
+    if args.lookup:
+        return lookup_bench(args, pkgs)
     bw = measure_bandwidth(args.threads)
     results: dict[tuple[str, str], dict[str, float | str]] = {}
     bytes_per_token: dict[str, int] = {}

@@ -46,6 +46,15 @@ def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
     }
 
 
+def _lookup_line(st: GenerationStats) -> str:
+    if st.lookup == "off":
+        return ""
+    return (
+        f"prompt lookup ({st.lookup}): {st.accepted_tokens} of {st.drafted_tokens} drafted "
+        f"tokens accepted in {st.verify_passes} verify passes\n"
+    )
+
+
 def _stats_text(st: GenerationStats, session: Session) -> str:
     from edgepack.runtime_shim.stats import peak_rss_bytes
 
@@ -57,6 +66,7 @@ def _stats_text(st: GenerationStats, session: Session) -> str:
         f"decode {st.decode_tokens_per_s:.1f} tok/s\n"
         f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
         f"kv {st.kv_mode} ({session.seq.length} tokens held); activations {st.activations}\n"
+        f"{_lookup_line(st)}"
         f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB"
     )
 
@@ -177,6 +187,16 @@ def _user_turns(prompt_to: Any) -> Iterator[str]:
     help="Write the statistics (timings, tokens, tok/s, KV bytes, peak RSS) to this JSON "
     "file; with -cnv, one object per turn.",
 )
+@click.option(
+    "--lookup",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    is_flag=False,
+    flag_value="on",
+    help="Prompt-lookup decoding (greedy only, same output): draft tokens from the "
+    "prompt, verified in one pass. --lookup alone: on; auto: only while it is faster. "
+    "[default: the runtime's]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log precision fallbacks and more.")
 @json_option("the generated text and the statistics, one object at the end")
 @click.option(
@@ -203,6 +223,7 @@ def run(
     threshold: int,
     require_signature: bool,
     stats_file: str | None,
+    lookup: str | None,
     verbose: bool,
     as_json: bool,
     quiet: bool,
@@ -231,7 +252,11 @@ def run(
         require_signature=require_signature,
         activations=activations,
     )
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    sampling: dict[str, Any] = {
+        "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed
+    }  # fmt: skip
+    if lookup is not None:
+        sampling["lookup"] = {"on": True, "off": False}.get(lookup, lookup)
     with model, model.session() as session:
         if conversation:
             _converse(session, system, max_tokens, sampling, stats_file, as_json, quiet)

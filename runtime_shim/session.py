@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .chat import render_chat
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, KVCacheFullError
+from .lookup import LookupDecoder, LookupPolicy, batch_invariant, lookup_mode, pass_costs
 from .prefix_cache import NO_ADAPTER
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
@@ -130,6 +132,7 @@ class Session:
         output: str | None = None,
         add_special_tokens: bool = True,
         sampling: SamplingParams | None = None,
+        lookup: bool | str = "auto",
     ) -> Iterator[Any]:
         """Stream a continuation of ``prompt`` (text or token ids).
 
@@ -138,6 +141,10 @@ class Session:
         at an end-of-sequence token, at any ``stop`` string (not included in the output)
         or token id, or when the context is full. ``temperature=0`` is greedy.
         ``sampling`` (a :class:`SamplingParams`) replaces the five sampling arguments.
+        ``lookup``: prompt-lookup decoding (:mod:`.lookup`), greedy only (sampling runs
+        plain): ``"auto"`` (default) drafts only while it measures faster and only on
+        kernels where the output stays bit for bit plain decoding's; ``True`` drafts every
+        step; ``False`` never.
         ``self.stats`` describes the call once the generator is exhausted or closed.
         """
         if isinstance(prompt, str):
@@ -153,7 +160,7 @@ class Session:
             if params != SamplingParams():
                 raise ValueError("give sampling= or the sampling arguments, not both")
             params = sampling
-        return self._generate(ids, max_tokens, params, stop, mode)
+        return self._generate(ids, max_tokens, params, stop, mode, lookup_mode(lookup))
 
     def chat(
         self,
@@ -199,6 +206,7 @@ class Session:
         params: SamplingParams,
         stop: str | Sequence[str | int] | None,
         mode: str,
+        lookup: bool | str = False,
     ) -> Iterator[Any]:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
@@ -226,15 +234,27 @@ class Session:
         generated: list[int] = []
         t_decode = None
         stats.finish_reason = "length"
+        # greedy only (sampling would need the speculative acceptance rule); "auto" only
+        # where verifying in one pass cannot change a logit bit
+        lk = None
+        greedy = lookup is not False and params.temperature == 0.0
+        if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
+            policy = LookupPolicy(always=lookup is True, costs=pass_costs(model))
+            exact = None if lookup is True else partial(batch_invariant, model)
+            lk = LookupDecoder(policy, ids, exact)
+            stats.lookup = "on" if lookup is True else "auto"
+        queued: list[int] = []  # tokens a verify pass already chose, not yet emitted
         try:
             while len(generated) < max_tokens:
-                tid = sampler(logits, ids + generated)
+                tid = queued.pop(0) if queued else sampler(logits, ids + generated)
                 if not generated:
                     stats.time_to_first_token = time.perf_counter() - t0
                     stats.prefill_seconds = stats.time_to_first_token
                     t_decode = time.perf_counter()
                 generated.append(tid)
                 stats.generated_tokens = len(generated)
+                if lk is not None:
+                    lk.push(tid)
                 if tid in stop_ids:
                     stats.finish_reason = "eos"
                     break
@@ -255,11 +275,17 @@ class Session:
                         text = text[emit:]
                 if len(generated) >= max_tokens:
                     break
+                if queued:
+                    continue
                 if self.seq.length + 1 > max_ctx:
                     stats.finish_reason = "context"
                     break
-                logits = model.forward(self.seq, [tid], stats=self.forward_stats)
-                assert logits is not None
+                if lk is None:
+                    logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+                    assert logits is not None
+                else:
+                    room = min(max_tokens - len(generated), max_ctx - self.seq.length) - 1
+                    logits, queued = self._lookup_step(lk, tid, ids + generated, room, sampler)
             if detok is not None and stats.finish_reason not in ("stop",):
                 text += detok.flush()
                 cut = _find_stop(text, stop_strings)
@@ -272,6 +298,55 @@ class Session:
             if t_decode is not None:
                 stats.decode_seconds = time.perf_counter() - t_decode
             stats.precision_fallbacks = self.forward_stats.precision_fallbacks - fallbacks0
+            if lk is not None:
+                # hold what plain decoding would: K/V of everything but the last token
+                keep = len(ids) + len(generated) - 1
+                if generated and self.seq.length > keep:
+                    with model.lock:
+                        self.seq.truncate(keep)
+                stats.lookup = "off" if lk.off else stats.lookup
+                stats.drafted_tokens = lk.stats.drafted
+                stats.accepted_tokens = lk.stats.accepted
+                stats.verify_passes = lk.stats.passes
+
+    def _lookup_step(
+        self,
+        lk: LookupDecoder,
+        tid: int,
+        history: list[int],
+        room: int,
+        sampler: Sampler,
+    ) -> tuple[np.ndarray | None, list[int]]:
+        """Feed ``tid`` plus a draft of at most ``room`` tokens; return the logits after
+        ``tid`` (no draft) or the tokens greedy decoding chooses from the pass: the
+        accepted drafts and the one after them. K/V past the accepted ones is cut."""
+        model = self.model
+        draft = lk.propose(room)
+        t0 = time.perf_counter()
+        if not draft:
+            logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+            lk.timed(1, time.perf_counter() - t0)
+            return logits, []
+        try:
+            rows = model.forward(self.seq, [tid, *draft], logits="all", stats=self.forward_stats)
+        except KVCacheFullError:  # drafts need a block plain decoding would not: stop them
+            with model.lock:
+                self.seq.truncate(self.seq.length)  # return blocks the pass reserved
+            lk.off = True
+            return model.forward(self.seq, [tid], stats=self.forward_stats), []
+        assert rows is not None
+        lk.timed(len(draft) + 1, time.perf_counter() - t0)
+        chosen: list[int] = []
+        for j, row in enumerate(rows):
+            chosen.append(sampler(row, history + chosen))
+            if j == len(draft) or chosen[-1] != draft[j]:
+                break
+        accepted = len(chosen) - 1
+        if accepted < len(draft):
+            with model.lock:
+                self.seq.truncate(self.seq.length - (len(draft) - accepted))
+        lk.verified(len(draft), accepted)
+        return None, chosen
 
     def _reuse(self, ids: list[int]) -> int:
         """Keep what this session already holds of ``ids`` and attach cached blocks; at

@@ -39,6 +39,10 @@ class GenerationStats:
     decode_seconds: float = 0.0
     precision_fallbacks: int = 0
     finish_reason: str = ""  # "stop", "length", "eos", "context"
+    lookup: str = "off"  # prompt-lookup decoding: "off", "on" or "auto"
+    drafted_tokens: int = 0  # draft tokens verified (prompt lookup)
+    accepted_tokens: int = 0  # of them, kept
+    verify_passes: int = 0  # forward passes that carried a draft
 
     @property
     def prefill_tokens_per_s(self) -> float:

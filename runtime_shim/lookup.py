@@ -1,0 +1,311 @@
+"""Prompt-lookup decoding: draft tokens copied from the context, verified in one pass.
+
+Text that rewrites, summarises or quotes its input repeats n-grams of it. After each
+generated token the longest recent suffix of the context (prompt + text so far, n = 3
+down to 1) is looked up among earlier positions; the tokens that followed its most
+recent earlier occurrence are the draft. The session feeds ``[last token, *draft]`` to
+one forward pass, keeps the drafts greedy decoding would have chosen itself (plus the
+token after them, which that pass also predicts) and cuts the KV sequence back past the
+first rejected one. The output is token for token what plain greedy decoding gives
+when the kernels are batch invariant (each row of a many-token pass bit-identical to a
+one-token pass: the native kernels' whole-layer path is, and a test holds it to that);
+numpy's BLAS is not (rows differ by ~1e-6, enough to flip a near tie), nor is the native
+backend where it runs attention on numpy (a KV layout it lacks), so ``"auto"`` drafts
+only where :func:`batch_invariant` found the model's own passes so, by trying them once.
+Sampling runs plain (this is no speculative-sampling implementation).
+
+Whether to draft, and how many tokens, is :class:`LookupPolicy`'s call: it compares the
+expected tokens per verify pass (from the measured acceptance rate) against the
+measured cost of a pass of that size relative to one decode step, and drafts nothing
+when no draft length would be faster. Acceptance keeps being measured while it is off
+(the draft is still looked up and compared with what plain decoding produced, at no
+model cost), so it switches itself back on when the text starts copying again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import KVCacheFullError
+
+if TYPE_CHECKING:
+    from .model import Model
+
+__all__ = [
+    "LOOKUP_MODES",
+    "DraftIndex",
+    "LookupDecoder",
+    "LookupPolicy",
+    "PassCosts",
+    "batch_invariant",
+    "lookup_mode",
+    "pass_costs",
+]
+
+LOOKUP_MODES = (True, False, "auto")
+
+
+def lookup_mode(value: object) -> bool | str:
+    """``True`` (always draft), ``False`` (never) or ``"auto"`` (the policy decides)."""
+    if value is True or value is False or value == "auto":
+        return value  # type: ignore[return-value]
+    raise ValueError(f"lookup must be True, False or 'auto', got {value!r}")
+
+
+_INVARIANT: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
+_COSTS: weakref.WeakKeyDictionary[Model, PassCosts] = weakref.WeakKeyDictionary()
+_PROBE = (4, 4)  # tokens prefilled, then decoded one by one vs in one pass
+
+
+def batch_invariant(model: Model, try_passes: bool = True) -> bool:
+    """Whether ``model``'s passes give each row of a many-token pass bit for bit what a
+    one-token pass gives (logits and the K/V written). Native kernels with no op on
+    numpy only, then tried once per model on two scratch sequences of 9 tokens (under
+    100 ms on SmolLM2-135M; released after, a full block of them at most stays as an
+    evictable cached prefix). ``try_passes=False``: the answer without running the
+    model (True when only trying could tell)."""
+    known = _INVARIANT.get(model)
+    if known is not None:
+        return known
+    path = model.kernel_path
+    if not path.startswith("native") or "numpy" in path:
+        _INVARIANT[model] = False
+        return False
+    if not try_passes:
+        return True
+    head, tail = _PROBE
+    vocab = model.config.vocab_size
+    ids = [(7919 * i + 1) % vocab for i in range(head + tail + 1)]
+    one, many = model.new_sequence(), model.new_sequence()
+    try:
+        model.forward(one, ids[:head], logits="none")
+        model.forward(many, ids[:head], logits="none")
+        singles = [model.forward(one, [t]) for t in ids[head:-1]]
+        batched = model.forward(many, ids[head:-1], logits="all")
+        after = [model.forward(seq, ids[-1:]) for seq in (one, many)]
+    except KVCacheFullError:
+        return False  # no room to try now: plain decoding, try again next time
+    finally:
+        with model.lock:
+            one.release()
+            many.release()
+    same = np.array_equal(np.stack(singles), batched) and np.array_equal(*after)
+    _INVARIANT[model] = same
+    return same
+
+
+class DraftIndex:
+    """Where each n-gram (n = ``min_n``..``max_n``) of the context last occurred, so the
+    continuation of the current suffix is found in O(max_n) per token."""
+
+    def __init__(self, tokens: Iterable[int] = (), max_n: int = 3, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError("need 1 <= min_n <= max_n")
+        self.max_n, self.min_n = max_n, min_n
+        self.tokens: list[int] = []
+        # n-gram -> index of the token that followed its most recent occurrence
+        self._next: dict[tuple[int, ...], int] = {}
+        for t in tokens:
+            self.push(t)
+
+    def push(self, token: int) -> None:
+        toks = self.tokens
+        end = len(toks)  # the n-grams ending just before the new token now have a follower
+        for n in range(self.min_n, min(self.max_n, end) + 1):
+            self._next[tuple(toks[end - n : end])] = end
+        toks.append(int(token))
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        matching suffix; empty when no suffix occurred before."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """:meth:`draft` and the length of the suffix it matched (0: none)."""
+        toks = self.tokens
+        if k <= 0:
+            return [], 0
+        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
+            start = self._next.get(tuple(toks[len(toks) - n :]))
+            if start is not None:
+                return toks[start : start + k], n
+        return [], 0
+
+
+@dataclass
+class PassCosts:
+    """Measured seconds of a forward pass by its token count (moving averages).
+
+    Sizes not measured yet are estimated from one decode step plus a per-token slope
+    fitted to the sizes that were (``prior_slope`` of a decode step before any was)."""
+
+    smoothing: float = 0.25
+    prior_slope: float = 0.15
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        old = self.seconds.get(tokens)
+        a = self.smoothing
+        self.seconds[tokens] = seconds if old is None else (1 - a) * old + a * seconds
+
+    def estimate(self, tokens: int) -> float | None:
+        """Seconds of a pass of ``tokens`` tokens; None before one decode step was timed."""
+        if tokens in self.seconds:
+            return self.seconds[tokens]
+        t1 = self.seconds.get(1)
+        if t1 is None:
+            return None
+        slopes = [(t - t1) / (m - 1) for m, t in self.seconds.items() if m > 1]
+        slope = sum(slopes) / len(slopes) if slopes else self.prior_slope * t1
+        return t1 + max(slope, 0.0) * (tokens - 1)
+
+
+def pass_costs(model: Model) -> PassCosts:
+    """The pass costs measured on ``model`` so far, shared by its sessions and calls."""
+    costs = _COSTS.get(model)
+    if costs is None:
+        costs = _COSTS[model] = PassCosts()
+    return costs
+
+
+@dataclass
+class LookupPolicy:
+    """How many tokens to draft: the ``k`` in ``0..max_draft`` with the most expected
+    tokens per second, ``E(k) / cost(k + 1)`` where ``E(k) = 1 + a + ... + a^k`` for a
+    per-token acceptance rate ``a`` (the drafts of a pass stop counting at the first
+    rejection). ``k = 0`` is a plain decode step; drafting must beat it by ``margin``.
+
+    ``a`` is a decayed ratio of accepted drafts to drafts compared (each compared draft
+    up to and including the first rejected one), starting from ``prior_accepted`` of
+    ``prior_trials``, kept per length of the matched suffix (a 3-gram match predicts
+    far better than a single token) and over all (for lengths not seen yet).
+    ``always``: draft ``max_draft`` tokens whatever it costs."""
+
+    max_draft: int = 8
+    always: bool = False
+    margin: float = 1.05
+    decay: float = 0.95
+    prior_accepted: float = 1.0
+    prior_trials: float = 2.0
+    costs: PassCosts = field(default_factory=PassCosts)
+
+    def __post_init__(self) -> None:
+        if self.max_draft < 1:
+            raise ValueError("max_draft must be >= 1")
+        # match length (0: all) -> decayed accepted, trials
+        self._counts: dict[int, tuple[float, float]] = {0: (self.prior_accepted, self.prior_trials)}
+
+    def acceptance(self, matched: int = 0) -> float:
+        """Estimated chance that a draft token is right, after a ``matched``-token match."""
+        accepted, trials = self._counts.get(matched, self._counts[0])
+        return accepted / trials if trials > 0 else 0.0
+
+    def record_acceptance(self, drafted: int, accepted: int, matched: int = 0) -> None:
+        """A draft of ``drafted`` tokens (after a ``matched``-token suffix match) of which
+        the first ``accepted`` were right."""
+        if drafted <= 0:
+            return
+        trials = accepted + (1 if accepted < drafted else 0)
+        fade = self.decay**trials
+        prior = (self.prior_accepted, self.prior_trials)
+        old = {key: self._counts.get(key, prior) for key in (0, matched)}
+        for key, (acc0, trials0) in old.items():
+            self._counts[key] = (acc0 * fade + accepted, trials0 * fade + trials)
+
+    def draft_length(self, available: int | None = None, matched: int = 0) -> int:
+        """Tokens to draft now (0: a plain decode step), at most ``available``, for a
+        draft found after a ``matched``-token suffix match."""
+        cap = self.max_draft if available is None else min(self.max_draft, available)
+        if cap <= 0:
+            return 0
+        if self.always:
+            return cap
+        t1 = self.costs.estimate(1)
+        if t1 is None:
+            return 0  # time a plain step first
+        a = self.acceptance(matched)
+        best_k, best_rate = 0, self.margin / t1
+        expected = 1.0
+        for k in range(1, cap + 1):
+            expected += a**k
+            cost = self.costs.estimate(k + 1)
+            if cost is not None and cost > 0 and expected / cost > best_rate:
+                best_k, best_rate = k, expected / cost
+        return best_k
+
+
+@dataclass
+class LookupStats:
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+
+
+class LookupDecoder:
+    """The session's side of lookup decoding: the context index, the policy, and the
+    free ("shadow") acceptance measurement while the policy drafts nothing. ``exact``
+    is asked the first time a draft is wanted (not before: it may cost model passes);
+    False switches lookup off for good (:attr:`off`)."""
+
+    def __init__(
+        self,
+        policy: LookupPolicy,
+        context: Sequence[int],
+        exact: Callable[[], bool] | None = None,
+    ) -> None:
+        self.policy = policy
+        self._exact = exact
+        self.off = False
+        self.index = DraftIndex(context)
+        self.stats = LookupStats()
+        self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
+        self._shadow_hits = 0
+        self._shadow_matched = 0
+        self.matched = 0  # suffix match length of the last proposed draft
+
+    def push(self, token: int) -> None:
+        """A token joined the context (generated or accepted)."""
+        if self._shadow:
+            if token == self._shadow[self._shadow_hits]:
+                self._shadow_hits += 1
+                if self._shadow_hits == len(self._shadow):
+                    self._settle_shadow()
+            else:
+                self._settle_shadow()
+        self.index.push(token)
+
+    def _settle_shadow(self) -> None:
+        self.policy.record_acceptance(len(self._shadow), self._shadow_hits, self._shadow_matched)
+        self._shadow, self._shadow_hits = [], 0
+
+    def propose(self, limit: int) -> list[int]:
+        """Draft tokens for the next pass (at most ``limit``; empty: a plain step)."""
+        if limit <= 0 or self.off:
+            return []
+        draft, matched = self.index.match(min(self.policy.max_draft, limit))
+        k = self.policy.draft_length(len(draft), matched)
+        if k == 0:
+            if draft and not self._shadow:
+                self._shadow, self._shadow_matched = draft, matched
+            return []
+        if self._exact is not None:
+            self.off, self._exact = not self._exact(), None
+            if self.off:
+                return []
+        self._shadow, self._shadow_hits = [], 0  # measured for real from here
+        self.matched = matched
+        return draft[:k]
+
+    def timed(self, tokens: int, seconds: float) -> None:
+        self.policy.costs.observe(tokens, seconds)
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        self.stats.drafted += drafted
+        self.stats.accepted += accepted
+        self.stats.passes += 1
+        self.policy.record_acceptance(drafted, accepted, self.matched)
