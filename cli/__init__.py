@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     from .app import make_cli
     from .options import json_requested
+    from .output import reset_cli_logging
 
+    reset_cli_logging()
     token = json_requested.set(False)
     try:
         rv = make_cli().main(args=argv, prog_name="edgepack", standalone_mode=False)

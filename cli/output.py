@@ -21,7 +21,7 @@ import math
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -34,6 +34,7 @@ __all__ = [
     "quiet_flag",
     "quiet_requested",
     "record",
+    "reset_cli_logging",
 ]
 
 # Read by :func:`.progress.progress_bars`: no bars under ``-q`` or ``--json``.
@@ -66,13 +67,38 @@ def json_text(document: Any) -> str:
     return json.dumps(finite(document), default=str, allow_nan=False)
 
 
-def log_to_stderr(formatter: logging.Formatter, level: int) -> None:
-    """Send the ``edgepack`` logger's lines to the current stderr, replacing the handler
-    an earlier command of this process added (bound to a stderr that may be gone)."""
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a line is logged, so a handler left by
+    an earlier command of this process (tests, embedding apps) never writes to a
+    stream that has since been closed or replaced."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+def reset_cli_logging() -> None:
+    """Remove what an earlier command of this process set on the ``edgepack`` logger
+    (tests and apps run several commands in one process): each command starts quiet."""
     logger = logging.getLogger("edgepack")
     for h in [h for h in logger.handlers if getattr(h, "_edgepack_cli", False)]:
         logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
+    logger.setLevel(logging.NOTSET)
+
+
+def log_to_stderr(formatter: logging.Formatter, level: int) -> None:
+    """Send the ``edgepack`` logger's lines to the current stderr, replacing the handler
+    an earlier command of this process added."""
+    logger = logging.getLogger("edgepack")
+    reset_cli_logging()
+    handler = _CurrentStderr()
     handler.setFormatter(formatter)
     handler._edgepack_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
