@@ -18,7 +18,7 @@ import numpy as np
 from edgepack.format import Encoding, codecs
 
 from ..errors import KernelStatus, NumericError
-from ..kv_cache import LayerKV
+from ..kv_cache import LayerKV, rotate_heads
 from ..weights import Linear
 from .activations import gelu
 from .interface import ACT_SCALE_MAX, QuantizedActivations
@@ -335,6 +335,8 @@ class NumpyKernels(CompositeLayer):
             return
         layout = kv.layout
         sd = np.dtype(layout.scale_dtype)
+        if layout.rotate:
+            k, v = rotate_heads(k), rotate_heads(v)
         kq, kd, ok_k = _quantize_k(k, sd)
         if layout.v_bits == 5:
             vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
@@ -386,6 +388,8 @@ class NumpyKernels(CompositeLayer):
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v -= _F32(8)
             v *= vs
+        if kv.layout.rotate:  # back from the stored (rotated) basis
+            return rotate_heads(k), rotate_heads(v.reshape(n, h, 2 * half))
         return k, v.reshape(n, h, 2 * half)
 
     def attention(

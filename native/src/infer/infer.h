@@ -84,11 +84,17 @@ struct ActF32 {
 //              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
 //              c = nib + 16 * bit (0..31)
 //   float:     kf, vf f32 [NB, BS, H, D]
+// V groups: v_group elements along D (a multiple of 8 dividing D; D/32 above is D/v_group).
+// rotate (layout "int8"): K and V are stored Walsh-Hadamard rotated (hadamard_rows); the
+// drivers rotate them on write, q before attention and its output after (ops.cpp), so the
+// kernels themselves never see the flag.
 struct KvCache {
     int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
+    int64_t v_group = 32;
     bool quantized = true;
     bool v_scale_f16 = true;
     bool v5 = false;
+    bool rotate = false;
     uint16_t* k_scale16 = nullptr;  // v5: K scales in float16 (k_scale unused)
     uint8_t* v_high = nullptr;
     uint16_t* v_min = nullptr;
@@ -136,6 +142,8 @@ struct AttnTile {
     int64_t ostride = 0;
     int64_t nq = 0, per = 1, L0 = 0;
     float scale = 0.0f;
+    int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
+    float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
 };
 // scratch holds nq * (L0 + (nq - 1) / per) + 16 * head_dim floats.
 using AttnHeadsFn = void (*)(const KvCache& kv, int64_t head, const AttnTile& tile, float* scratch);
