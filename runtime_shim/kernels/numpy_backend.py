@@ -338,7 +338,9 @@ class NumpyKernels(CompositeLayer):
         if layout.rotate:
             k, v = rotate_heads(k), rotate_heads(v)
         kq, kd, ok_k = _quantize_k(k, sd)
-        if layout.v_bits == 5:
+        if layout.v_bits == 6:
+            (vq, vhi, vd, ok_v), vm = _quantize_v6(v, kv.v_group), None
+        elif layout.v_bits == 5:
             vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
         else:
             (vq, vd, ok_v), vhi, vm = _quantize_v(v, kv.v_group), None, None
@@ -354,6 +356,7 @@ class NumpyKernels(CompositeLayer):
         kv.v_scales[blk, off] = vd
         if vhi is not None:
             kv.v_high[blk, off] = vhi
+        if vm is not None:
             kv.v_mins[blk, off] = vm
 
     def read_kv(
@@ -376,18 +379,24 @@ class NumpyKernels(CompositeLayer):
         np.bitwise_and(vc, 0x0F, out=nib[..., 0])
         np.right_shift(vc, 4, out=nib[..., 1])
         g = kv.v_group
-        vs = rows(kv.v_scales).astype(_F32)[..., None]
-        if kv.v_high is not None:  # int5: bit 4 from the bit plane, then c * d + m
+        if kv.layout.v_bits == 6:  # int6: bits 4-5 from the 2-bit plane, then (c - 32) * d
+            hi = rows(kv.v_high)
+            top = np.stack([(hi >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+            nib.reshape(n, h, 2 * half)[:] |= top.reshape(n, h, 2 * half) << 4
+            v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
+            v -= _F32(32)
+            v *= v6_scale(rows(kv.v_scales))[..., None]
+        elif kv.v_high is not None:  # int5: bit 4 from the bit plane, then c * d + m
             nib.reshape(n, h, 2 * half)[:] |= (
                 np.unpackbits(rows(kv.v_high), axis=-1, bitorder="little") << 4
             )
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
-            v *= vs
+            v *= rows(kv.v_scales).astype(_F32)[..., None]
             v += rows(kv.v_mins).astype(_F32)[..., None]
         else:
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v -= _F32(8)
-            v *= vs
+            v *= rows(kv.v_scales).astype(_F32)[..., None]
         if kv.layout.rotate:  # back from the stored (rotated) basis
             return rotate_heads(k), rotate_heads(v.reshape(n, h, 2 * half))
         return k, v.reshape(n, h, 2 * half)
@@ -462,6 +471,38 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
     packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
     return packed, scale, ok
 
+
+
+def v6_scale(code: np.ndarray) -> np.ndarray:
+    """The float32 value of int6-V scale bytes (e5m3: the float16 whose bits are code << 7)."""
+    return (code.astype(np.uint16) << 7).view(np.float16).astype(_F32)
+
+
+def _quantize_v6(
+    v: np.ndarray, group: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """int6 symmetric per group: ``d = f16(absmax/31)`` rounded up to its top 8 magnitude
+    bits (one byte; 248 and above overflow), ``c = clip(rint(v * (1/d)), -31, 31) + 32``.
+    Returns the nibble plane, the 2-bit plane of bits 4-5, scale bytes, all finite."""
+    t, h, dim = v.shape
+    vg = v.reshape(t, h, dim // group, group)
+    with np.errstate(all="ignore"):
+        absmax = np.abs(vg).max(axis=-1)
+        h16 = (absmax / _F32(31)).astype(np.float16).view(np.uint16).astype(np.uint32)
+        code = (h16 + 127) >> 7
+        ok = bool(np.isfinite(v).all() and (code < 248).all())
+        code = np.minimum(code, 247).astype(np.uint8)
+        d = v6_scale(code)
+        inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
+        c = vg * inv[..., None]
+        np.rint(c, out=c)
+        np.clip(c, -31, 31, out=c)
+        c = np.nan_to_num(c, nan=0.0)
+    codes = (c + 32).astype(np.uint8).reshape(t, h, dim)
+    packed = (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
+    top = codes >> 4
+    high = top[..., 0::4] | (top[..., 1::4] << 2) | (top[..., 2::4] << 4) | (top[..., 3::4] << 6)
+    return packed, high, code, ok
 
 
 def _quantize_v5(

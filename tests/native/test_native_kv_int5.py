@@ -1,8 +1,8 @@
-"""The native kernels on the int5-V layouts ("int8-v5": K int8 with float16 scales, V int5
-asymmetric with float16 scale and min per group; "int8", the default: the same codes of
-Hadamard-rotated K/V), at V groups of 32 and of 16 (head_dim 16 models): the codes equal
-the numpy reference's bit for bit, prefill equals successive decode steps bit for bit,
-and attention agrees with numpy's within float rounding."""
+"""The native kernels on the float16-K-scale layouts ("int8-v5": K int8, V int5 asymmetric
+with float16 scale and min per group; "int8", the default: Hadamard-rotated K int8 and V
+int6 with one scale byte per token), at their V groups and at 16 (head_dim 16 models):
+the codes equal the numpy reference's bit for bit, prefill equals successive decode steps
+bit for bit, and attention agrees with numpy's within float rounding."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _pool(mode: str = "int8", v_group: int | None = None) -> tuple[KVPool, np.nd
     cfg = KVCacheConfig(mode=mode, block_size=BS, budget_bytes=1 << 20, v_group=v_group)
     pool = KVPool(1, H, D, cfg)
     assert pool.layout.name == mode and pool.layout.native
-    assert pool.v_group == (v_group or 32)
+    assert pool.v_group == (v_group or (D if mode == "int8" else 32))
     pool.allocate()  # scatter: the sequence's blocks are not 0, 1, ...
     seq = pool.sequence()
     seq.prepare(list(range(60)))
@@ -30,7 +30,9 @@ def _pool(mode: str = "int8", v_group: int | None = None) -> tuple[KVPool, np.nd
 
 def _args(pool: KVPool) -> tuple[tuple, dict]:
     kv = pool.layer(0)
-    kw = {"v_high": kv.v_high, "v_mins": kv.v_mins, "rotate": pool.layout.rotate}
+    kw = {"v_high": kv.v_high, "rotate": pool.layout.rotate}
+    if kv.v_mins is not None:
+        kw["v_mins"] = kv.v_mins
     return (kv.k, kv.k_scales, kv.v, kv.v_scales), kw
 
 
@@ -96,3 +98,19 @@ def test_native_int5_refuses_missing_planes() -> None:
     kx, vx = _tokens(1, 3)
     with pytest.raises(ValueError, match="v_high"):
         mod.kv_write(kx, vx, *arrays, table, 0)
+    pool, table = _pool("int8")
+    arrays, _ = _args(pool)
+    with pytest.raises(ValueError, match="v_high"):
+        mod.kv_write(kx, vx, *arrays, table, 0)
+
+
+def test_native_int6_scale_overflow_writes_nothing() -> None:
+    """A V whose int6 scale byte would reach float16 infinity is refused, all or nothing."""
+    mod = native_runtime_module("kv_write")
+    pool, table = _pool("int8")
+    arrays, kw = _args(pool)
+    kx, vx = _tokens(2, 4)
+    vx[1, 0, :] = 60000.0 * 31  # absmax / 31 rounds up past the largest float16
+    with pytest.raises(Exception, match="scale|overflow|range"):
+        mod.kv_write(kx, vx, *arrays, table, 0, **kw)
+    assert not any(a.any() for a in pool._arrays.values())

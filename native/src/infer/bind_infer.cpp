@@ -689,10 +689,25 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
                         " v_scale groups) must be a multiple of 8");
         }
         kv.v_group = D / G;
-        kv.v5 = is(ksa, "float16");  // the int5-V layout ("int8"): K scales in float16
-        if (!kv.v5) need_dtype(ksa, "float32", "k_scale");
+        // float16 K scales: the int6-V layout ("int8", uint8 v_scale) or the int5 one ("int8-v5")
+        const bool k16 = is(ksa, "float16");
+        kv.v6 = k16 && is(vsa, "uint8");
+        kv.v5 = k16 && !kv.v6;
+        if (!k16) need_dtype(ksa, "float32", "k_scale");
         need_shape(ksa, {NB, BS, H}, "k_scale");
-        if (kv.v5) {
+        if (kv.v6) {
+            if (vh.is_none() || !vm.is_none()) value_error("the int6 V layout (uint8 v_scale) needs v_high and no v_mins");
+            py::array vha = as_array(vh, "v_high");
+            need_dtype(vha, "uint8", "v_high");
+            need_shape(vha, {NB, BS, H, D / 4}, "v_high");
+            need_contig(vha, "v_high");
+            need_writeable(vha, "v_high");
+            for (const py::array& o : {k, v, ksa, vsa}) {
+                if (overlap(vha, o)) value_error("the KV cache arrays must not overlap");
+            }
+            kv.v_high = ptr<uint8_t>(vha);
+            a.keep.push_back(vha);
+        } else if (kv.v5) {
             if (vh.is_none() || vm.is_none()) value_error("a float16 k_scale (int5 V) needs v_high and v_mins");
             if (!is(vsa, "float16")) type_error("the int5 V layout needs a float16 v_scale");
             py::array vha = as_array(vh, "v_high"), vma = as_array(vm, "v_mins");
@@ -717,8 +732,8 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         }
         need_contig(ksa, "k_scale");
         need_writeable(ksa, "k_scale");
-        if (is(vsa, "float16")) {
-            kv.v_scale_f16 = true;
+        if (is(vsa, "float16") || kv.v6) {
+            kv.v_scale_f16 = !kv.v6;
         } else if (is(vsa, "float32")) {
             kv.v_scale_f16 = false;
         } else {
@@ -735,7 +750,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         }
         kv.k = ptr<int8_t>(k);
         kv.v = ptr<uint8_t>(v);
-        if (kv.v5) {
+        if (k16) {
             kv.k_scale16 = ptr<uint16_t>(ksa);
         } else {
             kv.k_scale = ptr<float>(ksa);

@@ -422,7 +422,44 @@ inline void quant_v5_group(const float* v, int64_t n, uint8_t* nib, uint8_t* hig
     }
 }
 
+// Layout "int8" (v6): V int6 symmetric per group of n: d = f16(absmax / 31) rounded up to
+// 8 bits (e5m3: the top byte of the float16's magnitude bits; 248 and above: overflow),
+// c = clip(rint(v * (1/d)), -31, 31) + 32, low nibble in the nibble plane, bits 4-5 in the
+// high plane (element i: bits 2 (i % 4) and 2 (i % 4) + 1 of byte i / 4).
+constexpr uint32_t kV6ScaleOverflow = 248;
+
+inline uint32_t v6_scale_code(const float* v, int64_t n) {
+    return (static_cast<uint32_t>(f32_to_f16(bits_f32(VS::max_abs_bits(v, n)) / 31.0f)) + 127u) >> 7;
+}
+
+inline float v6_scale(uint8_t b) { return f16_to_f32(static_cast<uint16_t>(static_cast<uint32_t>(b) << 7)); }
+
+inline void quant_v6_group(const float* v, int64_t n, uint8_t* nib, uint8_t* high, uint8_t* sb) {
+    *sb = static_cast<uint8_t>(v6_scale_code(v, n));
+    const float d = v6_scale(*sb);
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        uint32_t c[4];
+        for (int i = 0; i < 4; ++i) {
+            c[i] = static_cast<uint32_t>(static_cast<int32_t>(VS::round(VS::min(VS::max(v[i0 + i] * inv, -31.0f), 31.0f))) + 32);
+        }
+        nib[i0 / 2] = static_cast<uint8_t>((c[0] & 15u) | ((c[1] & 15u) << 4));
+        nib[i0 / 2 + 1] = static_cast<uint8_t>((c[2] & 15u) | ((c[3] & 15u) << 4));
+        high[i0 / 4] = static_cast<uint8_t>((c[0] >> 4) | ((c[1] >> 4) << 2) | ((c[2] >> 4) << 4) | ((c[3] >> 4) << 6));
+    }
+}
+
+// True when the float16 K scale or a v6 V scale of this token and head would overflow.
+inline bool v6_overflows(const float* k, const float* v, int64_t D, int64_t n) {
+    if (f16_is_inf(f32_to_f16(k16_scale_f32(k, D)))) return true;
+    for (int64_t g = 0; g < D / n; ++g) {
+        if (v6_scale_code(v + g * n, n) >= kV6ScaleOverflow) return true;
+    }
+    return false;
+}
+
 inline float v_scale_at(const KvCache& kv, int64_t i) {
+    if (kv.v6) return v6_scale(static_cast<const uint8_t*>(kv.v_scale)[i]);
     return kv.v_scale_f16 ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[i])
                           : static_cast<const float*>(kv.v_scale)[i];
 }
@@ -432,6 +469,25 @@ template <class V>
 inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
     const int64_t n = kv.v_group, D = kv.head_dim;
     const uint8_t* vq = kv.v + idx * (D / 2) + gi * (n / 2);
+    if (kv.v6) {  // c - 32 as bytes, converted W at a time
+        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
+        alignas(64) int8_t c[32];
+        for (int64_t i0 = 0; i0 < n; i0 += 32) {
+            const int64_t m = n - i0 < 32 ? n - i0 : 32;
+            for (int64_t j = 0; j < m / 4; ++j) {
+                const uint32_t h = hb[(i0 + 4 * j) / 4];
+                const uint32_t b0 = vq[(i0 + 4 * j) / 2], b1 = vq[(i0 + 4 * j) / 2 + 1];
+                c[4 * j] = static_cast<int8_t>(static_cast<int32_t>((b0 & 15u) | ((h & 3u) << 4)) - 32);
+                c[4 * j + 1] = static_cast<int8_t>(static_cast<int32_t>((b0 >> 4) | (((h >> 2) & 3u) << 4)) - 32);
+                c[4 * j + 2] = static_cast<int8_t>(static_cast<int32_t>((b1 & 15u) | (((h >> 4) & 3u) << 4)) - 32);
+                c[4 * j + 3] = static_cast<int8_t>(static_cast<int32_t>((b1 >> 4) | (((h >> 6) & 3u) << 4)) - 32);
+            }
+            int64_t i = 0;
+            for (; i + V::W <= m; i += V::W) V::store(row + i0 + i, V::load_i8(c + i));
+            for (; i < m; ++i) row[i0 + i] = static_cast<float>(c[i]);
+        }
+        return;
+    }
     if (kv.v5) {  // codes assembled as bytes (0..31), converted W at a time
         const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
         alignas(64) int8_t c[32];
@@ -503,6 +559,21 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
         return {};
     }
     const int64_t n = kv.v_group, G = D / n;
+    if (kv.v6) {
+        for (int64_t h = 0; h < H; ++h) {
+            if (v6_overflows(k + h * kstride, v + h * vstride, D, n)) return {Status::scale_overflow, h, 0};
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t idx = kv.index(pos, h);
+            kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
+            quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
+            for (int64_t g = 0; g < G; ++g) {
+                quant_v6_group(v + h * vstride + g * n, n, kv.v + idx * (D / 2) + g * (n / 2),
+                               kv.v_high + idx * (D / 4) + g * (n / 4), static_cast<uint8_t*>(kv.v_scale) + idx * G + g);
+            }
+        }
+        return {};
+    }
     if (kv.v5) {
         for (int64_t h = 0; h < H; ++h) {
             if (v5_overflows(k + h * kstride, v + h * vstride, D, n)) return {Status::scale_overflow, h, 0};
@@ -617,8 +688,7 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
             }
             for (int64_t g = 0; g < G; ++g) {
                 decode_v_group<V>(kv, idx, g, row + g * n);
-                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
-                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
+                const float d = v_scale_at(kv, idx * G + g);
                 const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
                 for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
                     float* ot = t.out + tt * t.ostride + g * n;
@@ -633,12 +703,12 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
     }
 }
 
-// The same for a single query with D known at compile time and V groups of 32: the
+// The same for a single query with D and the V group NN known at compile time: the
 // accumulators stay in registers (identical operations, so identical bits).
-template <class V, int DD>
+template <class V, int DD, int NN>
 inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* sc, float* out,
                         float* row) {
-    constexpr int NV = DD / V::W, G = DD / 32, PW = 32 / V::W;
+    constexpr int NV = DD / V::W, G = DD / NN, PW = NN / V::W;
     const int64_t H = kv.n_kv_heads, BS = kv.block_size;
     typename V::T acc[NV];
     for (int i = 0; i < NV; ++i) acc[i] = V::zero();
@@ -649,12 +719,10 @@ inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float*
             const int64_t idx = base + s * H;
             const float e = sc[p0 + s];
             for (int g = 0; g < G; ++g) {
-                decode_v_group<V>(kv, idx, g, row + g * 32);
-                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
-                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
-                const typename V::T va = V::set1(e * d);
+                decode_v_group<V>(kv, idx, g, row + g * NN);
+                const typename V::T va = V::set1(e * v_scale_at(kv, idx * G + g));
                 for (int w = 0; w < PW; ++w) {
-                    acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, V::load(row + g * 32 + w * V::W)));
+                    acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, V::load(row + g * NN + w * V::W)));
                 }
                 if (kv.v5) {
                     const typename V::T vm = V::set1(e * V::h2f(kv.v_min[idx * G + g]));
@@ -783,10 +851,15 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         float* o = tile_out(t, j, D);
         for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
     }
-    if (t.nq == 1 && kv.quantized && kv.v_group == 32 && D == 64) {
-        attn_v_regs<V, 64>(kv, head, Lmax, sc, t.out, row);
-    } else if (t.nq == 1 && kv.quantized && kv.v_group == 32 && D == 128) {
-        attn_v_regs<V, 128>(kv, head, Lmax, sc, t.out, row);
+    const bool one = t.nq == 1 && kv.quantized;
+    if (one && kv.v_group == 32 && D == 64) {
+        attn_v_regs<V, 64, 32>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 32 && D == 128) {
+        attn_v_regs<V, 128, 32>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 64 && D == 64) {
+        attn_v_regs<V, 64, 64>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 128 && D == 128) {
+        attn_v_regs<V, 128, 128>(kv, head, Lmax, sc, t.out, row);
     } else {
         attn_v_mem<V>(kv, head, t, sc, Lmax, row);
     }

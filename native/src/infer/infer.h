@@ -83,6 +83,10 @@ struct ActF32 {
 //              v_high u8 [NB, BS, H, D/8] (bit 4 of element i = bit i % 8 of byte i / 8),
 //              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
 //              c = nib + 16 * bit (0..31)
+//   v6 (layout "int8"): k as v5; v nibbles (low 4 bits of c) plus v_high u8 [NB, BS, H, D/4]
+//              (bits 4-5 of element i = bits 2 (i % 4), 2 (i % 4) + 1 of byte i / 4) and
+//              v_scale u8 [NB, BS, H, D/g] (e5m3: the float16 whose bits are byte << 7):
+//              v = (c - 32) * v_scale, c = 0..63
 //   float:     kf, vf f32 [NB, BS, H, D]
 // V groups: v_group elements along D (a multiple of 8 dividing D; D/32 above is D/v_group).
 // rotate (layout "int8"): K and V are stored Walsh-Hadamard rotated (hadamard_rows); the
@@ -94,8 +98,9 @@ struct KvCache {
     bool quantized = true;
     bool v_scale_f16 = true;
     bool v5 = false;
+    bool v6 = false;
     bool rotate = false;
-    uint16_t* k_scale16 = nullptr;  // v5: K scales in float16 (k_scale unused)
+    uint16_t* k_scale16 = nullptr;  // v5, v6: K scales in float16 (k_scale unused)
     uint8_t* v_high = nullptr;
     uint16_t* v_min = nullptr;
     int8_t* k = nullptr;

@@ -450,17 +450,17 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     const std::string mode = get(kvo, "mode").cast<std::string>();
     // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
     // anything else is the caller's to run, said with a typed reason, never approximated.
-    const bool v5 = mode == "int8" || mode == "int8-v5";
+    const bool v5 = mode == "int8-v5", v6 = mode == "int8";
     if (mode != "float") {
         const int64_t g = get(kvo, "v_group").cast<int64_t>();
-        if (!(v5 || mode == "int8-legacy") || g < 8 || g % 8 != 0 || a.hd % g != 0) {
+        if (!(v5 || v6 || mode == "int8-legacy") || g < 8 || g % 8 != 0 || a.hd % g != 0) {
             return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
         }
     }
     const py::object layout = get_opt(kvo, "layout");
     const bool rotate = !layout.is_none() && get_opt(layout, "rotate").is(py::bool_(true));
     KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 get(ctx, "block_table"), a.start + a.T, v5 ? get(kvo, "v_high") : py::none(),
+                                 get(ctx, "block_table"), a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
                                  v5 ? get(kvo, "v_mins") : py::none(), rotate);
     a.kv = kvh.kv;
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");

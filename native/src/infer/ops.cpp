@@ -253,7 +253,13 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
             if (VS::max_abs_bits(vr, D) >= kNonFinite) return {Status::non_finite, t, H + h};
         }
     }
-    if (kv.v5) {
+    if (kv.v6) {
+        for (int64_t t = 0; t < a.T; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                if (v6_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D, n)) return {Status::scale_overflow, t, h};
+            }
+        }
+    } else if (kv.v5) {
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t h = 0; h < H; ++h) {
                 if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D, n)) return {Status::scale_overflow, t, h};
