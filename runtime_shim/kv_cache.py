@@ -99,9 +99,10 @@ class KVLayout:
     ``k_bits``: 8 (int8, one scale per token and head) or 32 (float32). ``v_bits``: 4
     (symmetric int4, peak/-8), 5 (asymmetric int5, scale and min), 6 (symmetric int6, one
     scale byte) or 32 (float32), in groups of ``v_group`` along head_dim (head_dim itself
-    when the group does not divide it, or when ``v_group`` is 0). ``scale_dtype``: the dtype of every scale and min. ``native``: the native kernels
-    implement it (else the native backend runs attention on numpy, with a typed reason).
-    ``rotate``: K and V are quantized after :func:`rotate_heads` and read back through it.
+    when the group does not divide it, or when ``v_group`` is 0). ``scale_dtype``: the
+    dtype of every float scale and min. ``native``: the native kernels implement it (else
+    the native backend runs attention on numpy, with a typed reason). ``rotate``: K and V
+    are quantized after :func:`rotate_heads` and read back through it.
     """
 
     name: str
