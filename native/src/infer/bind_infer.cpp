@@ -684,9 +684,9 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         py::array ksa = as_array(ks, "k_scale"), vsa = as_array(vs, "v_scale");
         need_ndim(vsa, 4, "v_scale");
         const int64_t G = vsa.shape(3);
-        if (G < 1 || D % G != 0 || (D / G) % 8 != 0) {
+        if (G < 1 || D % G != 0 || (D / G) % 8 != 0 || D / G > 1024) {
             value_error("the V group (head_dim " + std::to_string(D) + " / " + std::to_string(G) +
-                        " v_scale groups) must be a multiple of 8");
+                        " v_scale groups) must be a multiple of 8, at most 1024");
         }
         kv.v_group = D / G;
         // float16 K scales: the int6-V layout ("int8", uint8 v_scale) or the int5 one ("int8-v5")

@@ -458,55 +458,91 @@ inline bool v6_overflows(const float* k, const float* v, int64_t D, int64_t n) {
     return false;
 }
 
+// V scale i and K scale idx as float (float16 through V::h2f: hardware where the ISA has it).
+template <class V = VS>
 inline float v_scale_at(const KvCache& kv, int64_t i) {
-    if (kv.v6) return v6_scale(static_cast<const uint8_t*>(kv.v_scale)[i]);
-    return kv.v_scale_f16 ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[i])
+    if (kv.v6) return V::h2f(static_cast<uint16_t>(static_cast<uint32_t>(static_cast<const uint8_t*>(kv.v_scale)[i]) << 7));
+    return kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[i])
                           : static_cast<const float*>(kv.v_scale)[i];
 }
 
-// Group gi of the V row at cache index idx as floats: nib - 8 (int4) or the int5 code c.
+template <class V>
+inline float k_scale_at(const KvCache& kv, int64_t idx) {
+    return kv.k_scale16 != nullptr ? V::h2f(kv.k_scale16[idx]) : kv.k_scale[idx];
+}
+
+// Byte tables for assembling int5 / int6 V codes 8 (4) at a time (little-endian words):
+// nib[b] = the two codes' low nibbles of byte b as two bytes; hi5[h] = 16 * bit i of h in
+// byte i; hi6[h] = 16 * bits 2i..2i+1 of h in byte i.
+struct VCodeTables {
+    uint16_t nib[256];
+    uint64_t hi5[256];
+    uint32_t hi6[256];
+    constexpr VCodeTables() : nib(), hi5(), hi6() {
+        for (int b = 0; b < 256; ++b) {
+            nib[b] = static_cast<uint16_t>((b & 15) | ((b >> 4) << 8));
+            uint64_t x = 0;
+            for (int i = 0; i < 8; ++i) x |= static_cast<uint64_t>(((b >> i) & 1) * 16) << (8 * i);
+            hi5[b] = x;
+            uint32_t y = 0;
+            for (int i = 0; i < 4; ++i) y |= static_cast<uint32_t>(((b >> (2 * i)) & 3) * 16) << (8 * i);
+            hi6[b] = y;
+        }
+    }
+};
+constexpr VCodeTables kVCodes{};
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the V code tables assume little-endian words");
+
+constexpr int64_t kMaxVGroup = 1024;  // the binding refuses larger V groups
+
+// The int5 / int6 codes (0..31 / 0..63) of group gi of the V row at cache index idx, as
+// n bytes (scalar table work; callers convert them with V::load_i8 well after the stores,
+// so the vector load never waits on a partial store forward).
+inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
+    const int64_t n = kv.v_group, D = kv.head_dim;
+    const uint8_t* nb = kv.v + idx * (D / 2) + gi * (n / 2);
+    if (kv.v6) {
+        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
+        for (int64_t j = 0; j < n / 4; ++j) {
+            const uint32_t y = kVCodes.hi6[hb[j]] | kVCodes.nib[nb[2 * j]] |
+                               (static_cast<uint32_t>(kVCodes.nib[nb[2 * j + 1]]) << 16);
+            std::memcpy(c + 4 * j, &y, 4);
+        }
+        return;
+    }
+    const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
+    for (int64_t j = 0; j < n / 8; ++j) {
+        const uint8_t* p = nb + 4 * j;
+        const uint64_t x = kVCodes.hi5[hb[j]] | kVCodes.nib[p[0]] | (static_cast<uint64_t>(kVCodes.nib[p[1]]) << 16) |
+                           (static_cast<uint64_t>(kVCodes.nib[p[2]]) << 32) |
+                           (static_cast<uint64_t>(kVCodes.nib[p[3]]) << 48);
+        std::memcpy(c + 8 * j, &x, 8);
+    }
+}
+
+// n code bytes as floats minus off (0 for int5, 32 for int6).
+template <class V>
+inline void codes_to_float(const int8_t* c, int64_t n, float off, float* row) {
+    const typename V::T vo = V::set1(off);
+    int64_t i = 0;
+    for (; i + V::W <= n; i += V::W) V::store(row + i, V::sub(V::load_i8(c + i), vo));
+    for (; i < n; ++i) row[i] = static_cast<float>(c[i]) - off;
+}
+
+inline float v_code_offset(const KvCache& kv) { return kv.v6 ? 32.0f : 0.0f; }
+
+// Group gi of the V row at cache index idx as floats: nib - 8 (int4), the int5 code c, or
+// c - 32 (int6).
 template <class V>
 inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
     const int64_t n = kv.v_group, D = kv.head_dim;
+    if (kv.v5 || kv.v6) {
+        alignas(64) int8_t c[kMaxVGroup];
+        v_code_bytes(kv, idx, gi, c);
+        codes_to_float<V>(c, n, v_code_offset(kv), row);
+        return;
+    }
     const uint8_t* vq = kv.v + idx * (D / 2) + gi * (n / 2);
-    if (kv.v6) {  // c - 32 as bytes, converted W at a time
-        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
-        alignas(64) int8_t c[32];
-        for (int64_t i0 = 0; i0 < n; i0 += 32) {
-            const int64_t m = n - i0 < 32 ? n - i0 : 32;
-            for (int64_t j = 0; j < m / 4; ++j) {
-                const uint32_t h = hb[(i0 + 4 * j) / 4];
-                const uint32_t b0 = vq[(i0 + 4 * j) / 2], b1 = vq[(i0 + 4 * j) / 2 + 1];
-                c[4 * j] = static_cast<int8_t>(static_cast<int32_t>((b0 & 15u) | ((h & 3u) << 4)) - 32);
-                c[4 * j + 1] = static_cast<int8_t>(static_cast<int32_t>((b0 >> 4) | (((h >> 2) & 3u) << 4)) - 32);
-                c[4 * j + 2] = static_cast<int8_t>(static_cast<int32_t>((b1 & 15u) | (((h >> 4) & 3u) << 4)) - 32);
-                c[4 * j + 3] = static_cast<int8_t>(static_cast<int32_t>((b1 >> 4) | (((h >> 6) & 3u) << 4)) - 32);
-            }
-            int64_t i = 0;
-            for (; i + V::W <= m; i += V::W) V::store(row + i0 + i, V::load_i8(c + i));
-            for (; i < m; ++i) row[i0 + i] = static_cast<float>(c[i]);
-        }
-        return;
-    }
-    if (kv.v5) {  // codes assembled as bytes (0..31), converted W at a time
-        const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
-        alignas(64) int8_t c[32];
-        for (int64_t i0 = 0; i0 < n; i0 += 32) {
-            const int64_t m = n - i0 < 32 ? n - i0 : 32;
-            for (int64_t j = 0; j < m / 8; ++j) {
-                const uint32_t h = hb[i0 / 8 + j];
-                for (int i = 0; i < 4; ++i) {
-                    const uint32_t b = vq[(i0 + 8 * j) / 2 + i];
-                    c[8 * j + 2 * i] = static_cast<int8_t>((b & 15u) | (((h >> (2 * i)) & 1u) << 4));
-                    c[8 * j + 2 * i + 1] = static_cast<int8_t>((b >> 4) | (((h >> (2 * i + 1)) & 1u) << 4));
-                }
-            }
-            int64_t i = 0;
-            for (; i + V::W <= m; i += V::W) V::store(row + i0 + i, V::load_i8(c + i));
-            for (; i < m; ++i) row[i0 + i] = static_cast<float>(c[i]);
-        }
-        return;
-    }
     int64_t i0 = 0;
     for (; i0 + 32 <= n; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
     for (; i0 < n; i0 += 2) {
@@ -688,7 +724,7 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
             }
             for (int64_t g = 0; g < G; ++g) {
                 decode_v_group<V>(kv, idx, g, row + g * n);
-                const float d = v_scale_at(kv, idx * G + g);
+                const float d = v_scale_at<V>(kv, idx * G + g);
                 const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
                 for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
                     float* ot = t.out + tt * t.ostride + g * n;
@@ -704,29 +740,50 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
 }
 
 // The same for a single query with D and the V group NN known at compile time: the
-// accumulators stay in registers (identical operations, so identical bits).
+// accumulators stay in registers (identical operations, so identical bits); int5 / int6
+// code bytes are assembled for kAttnCodeRows positions before any is converted.
+constexpr int64_t kAttnCodeRows = 8;
 template <class V, int DD, int NN>
 inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* sc, float* out,
                         float* row) {
     constexpr int NV = DD / V::W, G = DD / NN, PW = NN / V::W;
     const int64_t H = kv.n_kv_heads, BS = kv.block_size;
+    const bool coded = kv.v5 || kv.v6;
+    const typename V::T off = V::set1(v_code_offset(kv));
     typename V::T acc[NV];
     for (int i = 0; i < NV; ++i) acc[i] = V::zero();
+    alignas(64) int8_t codes[kAttnCodeRows * DD];
     for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
         const int64_t n = BS < L - p0 ? BS : L - p0;
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
-        for (int64_t s = 0; s < n; ++s) {
-            const int64_t idx = base + s * H;
-            const float e = sc[p0 + s];
-            for (int g = 0; g < G; ++g) {
-                decode_v_group<V>(kv, idx, g, row + g * NN);
-                const typename V::T va = V::set1(e * v_scale_at(kv, idx * G + g));
-                for (int w = 0; w < PW; ++w) {
-                    acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, V::load(row + g * NN + w * V::W)));
+        for (int64_t s0 = 0; s0 < n; s0 += kAttnCodeRows) {
+            const int64_t m = kAttnCodeRows < n - s0 ? kAttnCodeRows : n - s0;
+            if (coded) {  // all code bytes of these rows first, converted after (see v_code_bytes)
+                for (int64_t s = 0; s < m; ++s) {
+                    for (int g = 0; g < G; ++g) v_code_bytes(kv, base + (s0 + s) * H, g, codes + s * DD + g * NN);
                 }
-                if (kv.v5) {
-                    const typename V::T vm = V::set1(e * V::h2f(kv.v_min[idx * G + g]));
-                    for (int w = 0; w < PW; ++w) acc[g * PW + w] = V::add(acc[g * PW + w], vm);
+            }
+            for (int64_t s = s0; s < s0 + m; ++s) {
+                const int64_t idx = base + s * H;
+                const float e = sc[p0 + s];
+                for (int g = 0; g < G; ++g) {
+                    const typename V::T va = V::set1(e * v_scale_at<V>(kv, idx * G + g));
+                    if (coded) {
+                        const int8_t* c = codes + (s - s0) * DD + g * NN;
+                        for (int w = 0; w < PW; ++w) {
+                            const typename V::T x = V::sub(V::load_i8(c + w * V::W), off);
+                            acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, x));
+                        }
+                    } else {
+                        decode_v_group<V>(kv, idx, g, row + g * NN);
+                        for (int w = 0; w < PW; ++w) {
+                            acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, V::load(row + g * NN + w * V::W)));
+                        }
+                    }
+                    if (kv.v5) {
+                        const typename V::T vm = V::set1(e * V::h2f(kv.v_min[idx * G + g]));
+                        for (int w = 0; w < PW; ++w) acc[g * PW + w] = V::add(acc[g * PW + w], vm);
+                    }
                 }
             }
         }
@@ -750,7 +807,7 @@ inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, flo
         for (int w = 0; w < W; ++w) {
             const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
             idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized ? kv.kscale(idx[w]) : 1.0f;
+            ks[w] = kv.quantized ? k_scale_at<V>(kv, idx[w]) : 1.0f;
         }
         for (int w = 0; w < W; ++w) {
             if (kv.quantized) {
@@ -809,7 +866,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
             const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
             if (kv.quantized && t.nq == 1) {  // convert in registers (same floats)
                 const float dot = dot16<V>(t.q, kv.k + idx * D, D, [](const int8_t* x) { return V::load_i8(x); });
-                sc[p] = (dot * kv.kscale(idx)) * t.scale;
+                sc[p] = (dot * k_scale_at<V>(kv, idx)) * t.scale;
                 continue;
             }
             const float* kr;
@@ -820,7 +877,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
                 for (; i + V::W <= D; i += V::W) V::store(row + i, V::load_i8(kq + i));
                 for (; i < D; ++i) row[i] = static_cast<float>(kq[i]);
                 kr = row;
-                ks = kv.kscale(idx);
+                ks = k_scale_at<V>(kv, idx);
             } else {
                 kr = kv.kf + idx * D;
             }
