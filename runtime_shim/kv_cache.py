@@ -41,6 +41,40 @@ bench/kv.py: bytes per token, KL against the float cache, decode speed):
 ``"float"``
     float32 K and V: the reference.
 
+Measured (bench/kv.py on the f32 SmolLM2-135M package: 30 layers, 3 KV heads, head_dim
+64, so a float16 cache is 23040 B/token; KL against the float cache on the evaluation
+text, ctx 512). Every layout here stores each token alone (no window, no per-channel
+statistics over tokens), so its ratio to float16 is the same at every context length
+(512, 2048, ...)::
+
+    layout                             B/token  x f16   mean KL  KL chunks
+    int8 (default)                       10350  0.449   @KL40@        40
+    int8-v5 (the default before)         10260  0.445   @KV540@        40
+    int8-legacy                           9720  0.422   @LEG40@        40
+    tried on the way (quantize-dequantize on write into a float cache, 2 chunks;
+    "rot": Hadamard-rotated; the same 2 chunks give int8 0.00055, int8-v5 0.00179):
+    K int8/token, V float32                  -      -   0.00069         2
+    rot K int8/token, V float32              -      -   0.00018         2
+    K float32, V int5 asym g32               -      -   0.00107         2
+    K float32, rot V int5 asym g32           -      -   0.00086         2
+    rot K int8, V int5 asym g32          10260  0.445   0.00127         2
+    rot K+V int8, int5 asym g32          10260  0.445   0.00103         2
+    rot K+V int8, int5 asym g64           9900  0.430   0.00124         2
+    rot K+V int8, int5 sym g32            9900  0.430   0.00131         2
+    rot K+V int8, int4 asym g32           9540  0.414   0.00414         2
+    rot K+V int7, int5 asym g32           9540  0.414   0.00172         2
+    rot K+V int6, int5 asym g32           8820  0.383   0.00427         2
+    rot K+V int8, int6/token f16 scale   10440  0.453   0.00047         2
+
+The last one is the default with a float16 V scale: 0.8 B/token/head over the 0.45x
+bar, hence the one-byte (e5m3, rounded up) scale. A float16 window of recent tokens was
+not needed: on top of ``"int8-v5"`` it would cost 256 B per windowed token and head, so
+at context 512 the 0.45x bar leaves room for two tokens. Attention in one decode step
+(native AVX-512, 9 query heads over 1024 positions, bench-style microbenchmark on a
+busy 2-core machine): int8-legacy ~0.2-0.3 ms, int8-v5 ~0.25-0.5 ms, int8 ~0.4-0.5 ms
+(the int5/int6 codes are assembled from byte tables; before that change int8-v5 took
+~1.3 ms); whole-model decode tok/s: @DECODE@.
+
 Quantized on write, dequantized on read. Arrays per layer (``NB`` blocks, ``BS`` tokens
 per block, ``H`` KV heads, ``D`` head_dim, ``G = D/v_group``)::
 
