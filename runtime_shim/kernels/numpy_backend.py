@@ -462,15 +462,21 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
         peak = np.take_along_axis(vg, idx[..., None], axis=-1)[..., 0]
         ok = bool(np.isfinite(peak).all() and np.isfinite(v).all())
         scale = (peak / _F32(-8)).astype(_F32) + _F32(0)
-        inv = np.divide(_F32(1), scale, out=np.zeros_like(scale), where=scale != 0)
-        q = vg * inv[..., None]
-        np.rint(q, out=q)
-        np.clip(q, -8, 7, out=q)
-        q = np.nan_to_num(q, nan=0.0)
+        q = _codes(vg, scale, -8, 7)
     nib = (q + 8).astype(np.uint8).reshape(t, h, d)
     packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
     return packed, scale, ok
 
+
+
+def _codes(xg: np.ndarray, d: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``clip(rint(x * (1/d)), lo, hi)`` per group of the last axis (``1/0`` taken as 0,
+    NaN codes as 0), float32."""
+    inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = xg * inv[..., None]
+    np.rint(q, out=q)
+    np.clip(q, lo, hi, out=q)
+    return np.nan_to_num(q, nan=0.0)
 
 
 def v6_scale(code: np.ndarray) -> np.ndarray:
@@ -492,12 +498,7 @@ def _quantize_v6(
         code = (h16 + 127) >> 7
         ok = bool(np.isfinite(v).all() and (code < 248).all())
         code = np.minimum(code, 247).astype(np.uint8)
-        d = v6_scale(code)
-        inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
-        c = vg * inv[..., None]
-        np.rint(c, out=c)
-        np.clip(c, -31, 31, out=c)
-        c = np.nan_to_num(c, nan=0.0)
+        c = _codes(vg, v6_scale(code), -31, 31)
     codes = (c + 32).astype(np.uint8).reshape(t, h, dim)
     packed = (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
     top = codes >> 4

@@ -595,33 +595,26 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
         return {};
     }
     const int64_t n = kv.v_group, G = D / n;
-    if (kv.v6) {
+    if (kv.v5 || kv.v6) {  // float16 K scales; V int5 (scale + min) or int6 (scale byte)
         for (int64_t h = 0; h < H; ++h) {
-            if (v6_overflows(k + h * kstride, v + h * vstride, D, n)) return {Status::scale_overflow, h, 0};
+            const bool over = kv.v6 ? v6_overflows(k + h * kstride, v + h * vstride, D, n)
+                                    : v5_overflows(k + h * kstride, v + h * vstride, D, n);
+            if (over) return {Status::scale_overflow, h, 0};
         }
         for (int64_t h = 0; h < H; ++h) {
             const int64_t idx = kv.index(pos, h);
             kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
             quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
             for (int64_t g = 0; g < G; ++g) {
-                quant_v6_group(v + h * vstride + g * n, n, kv.v + idx * (D / 2) + g * (n / 2),
-                               kv.v_high + idx * (D / 4) + g * (n / 4), static_cast<uint8_t*>(kv.v_scale) + idx * G + g);
-            }
-        }
-        return {};
-    }
-    if (kv.v5) {
-        for (int64_t h = 0; h < H; ++h) {
-            if (v5_overflows(k + h * kstride, v + h * vstride, D, n)) return {Status::scale_overflow, h, 0};
-        }
-        for (int64_t h = 0; h < H; ++h) {
-            const int64_t idx = kv.index(pos, h);
-            kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
-            quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
-            for (int64_t g = 0; g < G; ++g) {
-                quant_v5_group(v + h * vstride + g * n, n, kv.v + idx * (D / 2) + g * (n / 2),
-                               kv.v_high + idx * (D / 8) + g * (n / 8),
-                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
+                const float* vg = v + h * vstride + g * n;
+                uint8_t* nib = kv.v + idx * (D / 2) + g * (n / 2);
+                if (kv.v6) {
+                    quant_v6_group(vg, n, nib, kv.v_high + idx * (D / 4) + g * (n / 4),
+                                   static_cast<uint8_t*>(kv.v_scale) + idx * G + g);
+                } else {
+                    quant_v5_group(vg, n, nib, kv.v_high + idx * (D / 8) + g * (n / 8),
+                                   static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
+                }
             }
         }
         return {};
