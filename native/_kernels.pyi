@@ -262,9 +262,8 @@ def lowrank(
 #                                           d = peak / -8 (+0), peak = first max-|v| value
 #                                           (codecs int4-sym rule; rounded to float16 when
 #                                           the scale pool is float16)
-# The int5-V layouts ("int8-v5", and "int8" with rotate=True, of
-# runtime_shim.kv_cache.KV_LAYOUTS) are chosen by a float16 k_scale and add the keyword
-# arrays v_high and v_mins:
+# The int5-V layout ("int8-v5" of runtime_shim.kv_cache.KV_LAYOUTS) is chosen by a
+# float16 k_scale and a float16 v_scale and adds the keyword arrays v_high and v_mins:
 #     k_scale  float16 [NB, BS, H]          d = f16(max|k| / 127), k = q * d
 #     v_cache  uint8   [NB, BS, H, D // 2]  low 4 bits of c, low nibble = even element
 #     v_high   uint8   [NB, BS, H, D // 8]  bit 4 of c for element i: bit i % 8 of byte i // 8
@@ -272,6 +271,14 @@ def lowrank(
 #                                           v = c * v_scale + v_mins, group g along D,
 #                                           m = f16(min), d = f16((max - m) / 31),
 #                                           c = clip(rint((v - m) * (1/d)), 0, 31)
+# The int6-V layout ("int8", with rotate=True) is chosen by a float16 k_scale and a uint8
+# v_scale and adds v_high (no v_mins):
+#     v_cache  uint8   [NB, BS, H, D // 2]  low 4 bits of c, low nibble = even element
+#     v_high   uint8   [NB, BS, H, D // 4]  bits 4-5 of c for element i: bits 2 (i % 4),
+#                                           2 (i % 4) + 1 of byte i // 4
+#     v_scale  uint8   [NB, BS, H, D // g]  d = the float16 with bits v_scale << 7
+#                                           (f16(max|v| / 31) rounded up to 8 bits),
+#                                           v = (c - 32) * d, c = clip(rint(v/d), -31, 31) + 32
 # A float cache is k_cache, v_cache float32 [NB, BS, H, D] with k_scale = v_scale = None.
 # block_table: int32 [n] — logical block i of the sequence is physical block
 # block_table[i]; position p lives at (block_table[p // BS], p % BS).  All pool arrays

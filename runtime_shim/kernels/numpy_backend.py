@@ -22,6 +22,7 @@ from ..kv_cache import LayerKV, rotate_heads
 from ..weights import Linear
 from .activations import gelu
 from .interface import ACT_SCALE_MAX, QuantizedActivations
+from .kv_codecs import codes_of, quantize_v6, v6_scale
 from .layer import CompositeLayer
 
 __all__ = ["NumpyKernels", "set_blas_threads"]
@@ -339,7 +340,7 @@ class NumpyKernels(CompositeLayer):
             k, v = rotate_heads(k), rotate_heads(v)
         kq, kd, ok_k = _quantize_k(k, sd)
         if layout.v_bits == 6:
-            (vq, vhi, vd, ok_v), vm = _quantize_v6(v, kv.v_group), None
+            (vq, vhi, vd, ok_v), vm = quantize_v6(v, kv.v_group), None
         elif layout.v_bits == 5:
             vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
         else:
@@ -462,48 +463,11 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
         peak = np.take_along_axis(vg, idx[..., None], axis=-1)[..., 0]
         ok = bool(np.isfinite(peak).all() and np.isfinite(v).all())
         scale = (peak / _F32(-8)).astype(_F32) + _F32(0)
-        q = _codes(vg, scale, -8, 7)
+        q = codes_of(vg, scale, -8, 7)
     nib = (q + 8).astype(np.uint8).reshape(t, h, d)
     packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
     return packed, scale, ok
 
-
-
-def _codes(xg: np.ndarray, d: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """``clip(rint(x * (1/d)), lo, hi)`` per group of the last axis (``1/0`` taken as 0,
-    NaN codes as 0), float32."""
-    inv = np.divide(_F32(1), d, out=np.zeros_like(d), where=d != 0)
-    q = xg * inv[..., None]
-    np.rint(q, out=q)
-    np.clip(q, lo, hi, out=q)
-    return np.nan_to_num(q, nan=0.0)
-
-
-def v6_scale(code: np.ndarray) -> np.ndarray:
-    """The float32 value of int6-V scale bytes (e5m3: the float16 whose bits are code << 7)."""
-    return (code.astype(np.uint16) << 7).view(np.float16).astype(_F32)
-
-
-def _quantize_v6(
-    v: np.ndarray, group: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """int6 symmetric per group: ``d = f16(absmax/31)`` rounded up to its top 8 magnitude
-    bits (one byte; 248 and above overflow), ``c = clip(rint(v * (1/d)), -31, 31) + 32``.
-    Returns the nibble plane, the 2-bit plane of bits 4-5, scale bytes, all finite."""
-    t, h, dim = v.shape
-    vg = v.reshape(t, h, dim // group, group)
-    with np.errstate(all="ignore"):
-        absmax = np.abs(vg).max(axis=-1)
-        h16 = (absmax / _F32(31)).astype(np.float16).view(np.uint16).astype(np.uint32)
-        code = (h16 + 127) >> 7
-        ok = bool(np.isfinite(v).all() and (code < 248).all())
-        code = np.minimum(code, 247).astype(np.uint8)
-        c = _codes(vg, v6_scale(code), -31, 31)
-    codes = (c + 32).astype(np.uint8).reshape(t, h, dim)
-    packed = (codes[..., 0::2] & 0x0F) | ((codes[..., 1::2] & 0x0F) << 4)
-    top = codes >> 4
-    high = top[..., 0::4] | (top[..., 1::4] << 2) | (top[..., 2::4] << 4) | (top[..., 3::4] << 6)
-    return packed, high, code, ok
 
 
 def _quantize_v5(

@@ -30,7 +30,7 @@ struct __attribute__((visibility("hidden"))) KvHandle {
     std::vector<pybind11::array> keep;
 };
 
-// Checks k_cache / k_scale / v_cache / v_scale (/ v_high / v_mins: the int5-V layout,
+// Checks k_cache / k_scale / v_cache / v_scale (/ v_high (/ v_mins): the int6 / int5 V layouts,
 // chosen by a float16 k_scale) / block_table (layout in _kernels.pyi) for
 // positions [0, needed_positions); the V group is head_dim / v_scale.shape[3] (a multiple
 // of 8); `rotate`: K/V stored Hadamard-rotated (layout "int8"). TypeError / ValueError on

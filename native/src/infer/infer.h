@@ -79,7 +79,7 @@ struct ActF32 {
 //   quantized: k int8 [NB, BS, H, D], k_scale f32 [NB, BS, H],
 //              v u8 [NB, BS, H, D/2] (low nibble = even d), v_scale f16|f32 [NB, BS, H, D/32]
 //              k = q * k_scale; v = (nib - 8) * v_scale (group 32 along D)
-//   v5 (layout "int8"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
+//   v5 (layout "int8-v5"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
 //              v_high u8 [NB, BS, H, D/8] (bit 4 of element i = bit i % 8 of byte i / 8),
 //              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
 //              c = nib + 16 * bit (0..31)
