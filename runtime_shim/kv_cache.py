@@ -48,9 +48,9 @@ statistics over tokens), so its ratio to float16 is the same at every context le
 (512, 2048, ...)::
 
     layout                             B/token  x f16   mean KL  KL chunks
-    int8 (default)                       10350  0.449   @KL40@        40
-    int8-v5 (the default before)         10260  0.445   @KV540@        40
-    int8-legacy                           9720  0.422   @LEG40@        40
+    int8 (default)                       10350  0.449   0.00060      40
+    int8-v5 (the default before)         10260  0.445   0.00204      40
+    int8-legacy                           9720  0.422   0.00821      40
     tried on the way (quantize-dequantize on write into a float cache, 2 chunks;
     "rot": Hadamard-rotated; the same 2 chunks give int8 0.00055, int8-v5 0.00179):
     K int8/token, V float32                  -      -   0.00069         2
@@ -70,10 +70,11 @@ The last one is the default with a float16 V scale: 0.8 B/token/head over the 0.
 bar, hence the one-byte (e5m3, rounded up) scale. A float16 window of recent tokens was
 not needed: on top of ``"int8-v5"`` it would cost 256 B per windowed token and head, so
 at context 512 the 0.45x bar leaves room for two tokens. Attention in one decode step
-(native AVX-512, 9 query heads over 1024 positions, bench-style microbenchmark on a
-busy 2-core machine): int8-legacy ~0.2-0.3 ms, int8-v5 ~0.25-0.5 ms, int8 ~0.4-0.5 ms
-(the int5/int6 codes are assembled from byte tables; before that change int8-v5 took
-~1.3 ms); whole-model decode tok/s: @DECODE@.
+(native AVX-512, one thread, 9 query heads over 1024 positions of 3 KV heads):
+int8-legacy 0.15 ms, float 0.16 ms, int8 0.21 ms, int8-v5 0.23 ms (0.58 ms before its
+int5 codes were assembled from byte tables ahead of the vector loads). Whole-model decode
+tok/s (64 tokens after 256, 2 threads, a shared 2-core machine) varied more from run to
+run than between layouts: int8 20-24, int8-v5 21-25, int8-legacy 23-30, float 21-22.
 
 Quantized on write, dequantized on read. Arrays per layer (``NB`` blocks, ``BS`` tokens
 per block, ``H`` KV heads, ``D`` head_dim, ``G = D/v_group``)::
