@@ -116,16 +116,20 @@ void check_attention(const InferTable& ref, const InferTable& tbl) {
     if (!same(k1, k2) || !same(ks1, ks2) || !same(v1, v2) || !same(vs1, vs2)) fail(std::string(tbl.name) + " kv_write");
     const std::vector<float> q = randn(static_cast<size_t>(6 * D));
     std::vector<float> o1(static_cast<size_t>(6 * D)), o2(static_cast<size_t>(6 * D)), sc(static_cast<size_t>(6 * L + 16 * D));
+    auto tile = [&](int64_t nq) {  // nq queries (3 per kv head beyond one) over L - 1 positions
+        AttnTile t;
+        t.q = q.data();
+        t.qstride = 3 * D;
+        t.ostride = 3 * D;
+        t.nq = nq;
+        t.per = nq == 1 ? 1 : 3;
+        t.L0 = L - 1;
+        t.scale = 0.125f;
+        return t;
+    };
     for (int64_t h = 0; h < H; ++h) {
         for (int64_t nq : {1, 3, 6}) {
-            AttnTile t;
-            t.q = q.data();
-            t.qstride = 3 * D;
-            t.ostride = 3 * D;
-            t.nq = nq;
-            t.per = nq == 1 ? 1 : 3;
-            t.L0 = L - 1;
-            t.scale = 0.125f;
+            AttnTile t = tile(nq);
             t.out = o1.data();
             ref.attn_heads(c1, h, t, sc.data());
             t.out = o2.data();
@@ -182,14 +186,7 @@ void check_attention(const InferTable& ref, const InferTable& tbl) {
         }
         for (int64_t h = 0; h < H; ++h) {
             for (int64_t nq : {1, 3, 6}) {
-                AttnTile t;
-                t.q = q.data();
-                t.qstride = 3 * D;
-                t.ostride = 3 * D;
-                t.nq = nq;
-                t.per = nq == 1 ? 1 : 3;
-                t.L0 = L - 1;
-                t.scale = 0.125f;
+                AttnTile t = tile(nq);
                 t.window = nq == 3 ? 9 : 0;
                 t.softcap = nq == 6 ? 2.0f : 0.0f;
                 t.out = o1.data();
