@@ -361,9 +361,10 @@ class NumpyKernels(CompositeLayer):
             kv.v_mins[blk, off] = vm
 
     def read_kv(
-        self, kv: LayerKV, block_table: np.ndarray, n: int
+        self, kv: LayerKV, block_table: np.ndarray, n: int, stored: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Dequantized ``K, V: [n, kv_heads, head_dim]`` for cache positions ``0..n-1``."""
+        """Dequantized ``K, V: [n, kv_heads, head_dim]`` for cache positions ``0..n-1``
+        (``stored``: in the layout's rotated basis, as the attention reads them)."""
         nb = block_table.size
         bs = kv.block_size
 
@@ -398,7 +399,7 @@ class NumpyKernels(CompositeLayer):
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v -= _F32(8)
             v *= rows(kv.v_scales).astype(_F32)[..., None]
-        if kv.layout.rotate:  # back from the stored (rotated) basis
+        if kv.layout.rotate and not stored:  # back from the stored (rotated) basis
             return rotate_heads(k), rotate_heads(v.reshape(n, h, 2 * half))
         return k, v.reshape(n, h, 2 * half)
 
@@ -414,7 +415,10 @@ class NumpyKernels(CompositeLayer):
         softcap: float | None = None,
     ) -> np.ndarray:
         t, nh, hd = q.shape
-        k, v = self.read_kv(kv, block_table, n_ctx)
+        k, v = self.read_kv(kv, block_table, n_ctx, stored=True)
+        rotated = kv.mode != "float" and kv.layout.rotate
+        if rotated:  # q . k and sum p v in the stored basis: rotate q now, the output after
+            q = rotate_heads(q)
         nkv = k.shape[1]
         rep = nh // nkv
         qh = q.reshape(t, nkv, rep, hd).transpose(1, 2, 0, 3).reshape(nkv, rep * t, hd)
@@ -436,9 +440,10 @@ class NumpyKernels(CompositeLayer):
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, v.transpose(1, 0, 2))  # [nkv, rep*t, hd]
-        return np.ascontiguousarray(
-            out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, nh * hd)
-        )
+        out = out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3)
+        if rotated:
+            return rotate_heads(out).reshape(t, nh * hd)
+        return np.ascontiguousarray(out.reshape(t, nh * hd))
 
 
 def _quantize_k(k: np.ndarray, scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
