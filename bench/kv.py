@@ -7,7 +7,8 @@ changes. Eval text: ``pydoc_data.topics`` sorted keys ``[40:]``, ctx 512 (the is
 bar: 40 chunks). Prints per layout: bytes per token (all layers), the ratio to a float16
 cache, mean KL against the float cache, top-1 agreement, and decode tok/s (greedy, 64
 tokens after a 256-token prompt, the default kernels). ``--candidates N`` adds the
-layouts tried on the way (K/V bit widths, V group sizes, symmetric or not), simulated by
+layouts tried on the way (K/V bit widths, V group sizes, symmetric or not, Hadamard
+rotation), simulated by
 quantize-dequantize on write into a float cache, on N chunks (KL only).
 
     edgepack convert $(edgepack fetch-sample smollm2) -o /tmp/kv/f32.epk --encoding f32
