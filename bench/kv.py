@@ -8,8 +8,8 @@ bar: 40 chunks). Prints per layout: bytes per token (all layers), the ratio to a
 cache, mean KL against the float cache, top-1 agreement, and decode tok/s (greedy, 64
 tokens after a 256-token prompt, the default kernels). ``--candidates N`` adds the
 layouts tried on the way (K/V bit widths, V group sizes, symmetric or not, Hadamard
-rotation), simulated by
-quantize-dequantize on write into a float cache, on N chunks (KL only).
+rotation), simulated by quantize-dequantize on write into a float cache, on N chunks
+(KL only).
 
     edgepack convert $(edgepack fetch-sample smollm2) -o /tmp/kv/f32.epk --encoding f32
     python bench/kv.py /tmp/kv/f32.epk [--chunks 40] [--candidates 8]
