@@ -7,8 +7,9 @@ changes. Eval text: ``pydoc_data.topics`` sorted keys ``[40:]``, ctx 512 (the is
 bar: 40 chunks). Prints per layout: bytes per token (all layers), the ratio to a float16
 cache, mean KL against the float cache, top-1 agreement, and decode tok/s (greedy, 64
 tokens after a 256-token prompt, the default kernels). ``--candidates N`` adds the
-layouts tried on the way (K/V bit widths, V group sizes, symmetric or not), simulated by
-quantize-dequantize on write into a float cache, on N chunks (KL only).
+layouts tried on the way (K/V bit widths, V group sizes, symmetric or not, Hadamard
+rotation), simulated by quantize-dequantize on write into a float cache, on N chunks
+(KL only).
 
     edgepack convert $(edgepack fetch-sample smollm2) -o /tmp/kv/f32.epk --encoding f32
     python bench/kv.py /tmp/kv/f32.epk [--chunks 40] [--candidates 8]
@@ -24,7 +25,7 @@ import numpy as np
 
 from edgepack.packager.evaluate import default_eval_text, evaluate
 from edgepack.runtime_shim import open as open_model
-from edgepack.runtime_shim.kv_cache import KV_LAYOUTS
+from edgepack.runtime_shim.kv_cache import KV_LAYOUTS, rotate_heads
 
 
 def decode_speed(package: str, mode: str, kernels: str | None) -> float:
@@ -71,6 +72,15 @@ def _asym(x: np.ndarray, bits: int, g: int) -> np.ndarray:
     return (np.clip(np.rint((xg - m) * inv), 0, n) * d + m).reshape(x.shape)
 
 
+def _rot(codec: Callable) -> Callable:
+    """The codec applied to the Hadamard-rotated values, rotated back (layout "int8")."""
+    return lambda x: rotate_heads(codec(rotate_heads(x)))
+
+
+def _k8(k: np.ndarray) -> np.ndarray:
+    return _sym(k, 8, k.shape[-1])
+
+
 # name: (K codec, V codec, bytes per token and head at head_dim D)
 CANDIDATES: dict[str, tuple[Callable | None, Callable | None, Callable[[int], float]]] = {
     "K int8/token, V f32": (lambda k: _sym(k, 8, k.shape[-1]), None, lambda d: d + 2 + 4 * d),
@@ -88,6 +98,25 @@ CANDIDATES: dict[str, tuple[Callable | None, Callable | None, Callable[[int], fl
     "K int6/token, V f32": (lambda k: _sym(k, 6, k.shape[-1]), None,
                             lambda d: 6 * d / 8 + 2 + 4 * d),
     "K int8 g32, V f32": (lambda k: _sym(k, 8, 32), None, lambda d: d + d / 16 + 4 * d),
+    # Hadamard-rotated K and V (rotate_heads), the road to the "int8" layout
+    "rot K int8, V f32": (_rot(_k8), None, lambda d: d + 2 + 4 * d),
+    "K f32, rot V int5 asym g32": (None, _rot(lambda v: _asym(v, 5, 32)),
+                                   lambda d: 4 * d + 5 * d / 8 + d / 8),
+    "rot K int8, V int5 asym g32": (_rot(_k8), lambda v: _asym(v, 5, 32),
+                                    lambda d: d + 2 + 5 * d / 8 + d / 8),
+    "rot K+V int8, int5 asym g32": (_rot(_k8), _rot(lambda v: _asym(v, 5, 32)),
+                                    lambda d: d + 2 + 5 * d / 8 + d / 8),
+    "rot K+V int8, int5 asym g64": (_rot(_k8), _rot(lambda v: _asym(v, 5, 64)),
+                                    lambda d: d + 2 + 5 * d / 8 + d / 16),
+    "rot K+V int8, int4 asym g32": (_rot(_k8), _rot(lambda v: _asym(v, 4, 32)),
+                                    lambda d: d + 2 + d / 2 + d / 8),
+    "rot K+V int8, int5 sym g32": (_rot(_k8), _rot(lambda v: _sym(v, 5, 32)),
+                                   lambda d: d + 2 + 5 * d / 8 + d / 16),
+    "rot K+V int7, int5 asym g32": (_rot(lambda k: _sym(k, 7, k.shape[-1])),
+                                    _rot(lambda v: _asym(v, 5, 32)),
+                                    lambda d: 7 * d / 8 + 2 + 5 * d / 8 + d / 8),
+    "rot K+V int8, int6/token f16": (_rot(_k8), _rot(lambda v: _sym(v, 6, v.shape[-1])),
+                                     lambda d: d + 2 + 6 * d / 8 + 2),
 }  # fmt: skip
 
 

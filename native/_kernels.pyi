@@ -107,6 +107,12 @@ def swiglu(
     """gate / (1 + exp(-gate)) * up.  gate, up [T, F], row-strided views allowed (e.g. the
     two halves of a fused [T, 2F] projection); out may be gate or up (contiguous)."""
 
+def gated_act(
+    gate: npt.NDArray[np.float32], up: npt.NDArray[np.float32], act: str
+) -> npt.NDArray[np.float32]:
+    """act(gate) * up for act "gelu" (exact, erf), "gelu_tanh" or "relu", as the numpy
+    reference computes it: act in double, rounded to float32, times up (float32)."""
+
 def swiglu_quant(
     gate: npt.NDArray[np.float32], up: npt.NDArray[np.float32], group: int = 0
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
@@ -251,26 +257,38 @@ def lowrank(
 #     k_cache  int8    [NB, BS, H, D]       k = k_cache * k_scale
 #     k_scale  float32 [NB, BS, H]          one scale per token per head (d = max|k| / 127)
 #     v_cache  uint8   [NB, BS, H, D // 2]  int4, low nibble = even element of D
-#     v_scale  float16 or float32 [NB, BS, H, D // 32]
-#                                           v = (nib - 8) * v_scale, group 32 along D,
+#     v_scale  float16 or float32 [NB, BS, H, D // g]
+#                                           v = (nib - 8) * v_scale, group g along D,
 #                                           d = peak / -8 (+0), peak = first max-|v| value
 #                                           (codecs int4-sym rule; rounded to float16 when
 #                                           the scale pool is float16)
-# The int5-V layout ("int8" of runtime_shim.kv_cache.KV_LAYOUTS) is chosen by a float16
-# k_scale and adds the keyword arrays v_high and v_mins:
+# The int5-V layout ("int8-v5" of runtime_shim.kv_cache.KV_LAYOUTS) is chosen by a
+# float16 k_scale and a float16 v_scale and adds the keyword arrays v_high and v_mins:
 #     k_scale  float16 [NB, BS, H]          d = f16(max|k| / 127), k = q * d
 #     v_cache  uint8   [NB, BS, H, D // 2]  low 4 bits of c, low nibble = even element
 #     v_high   uint8   [NB, BS, H, D // 8]  bit 4 of c for element i: bit i % 8 of byte i // 8
-#     v_scale, v_mins float16 [NB, BS, H, D // 32]
-#                                           v = c * v_scale + v_mins, group 32 along D,
+#     v_scale, v_mins float16 [NB, BS, H, D // g]
+#                                           v = c * v_scale + v_mins, group g along D,
 #                                           m = f16(min), d = f16((max - m) / 31),
 #                                           c = clip(rint((v - m) * (1/d)), 0, 31)
+# The int6-V layout ("int8", with rotate=True) is chosen by a float16 k_scale and a uint8
+# v_scale and adds v_high (no v_mins):
+#     v_cache  uint8   [NB, BS, H, D // 2]  low 4 bits of c, low nibble = even element
+#     v_high   uint8   [NB, BS, H, D // 4]  bits 4-5 of c for element i: bits 2 (i % 4),
+#                                           2 (i % 4) + 1 of byte i // 4
+#     v_scale  uint8   [NB, BS, H, D // g]  d = the float16 with bits v_scale << 7
+#                                           (f16(max|v| / 31) rounded up to 8 bits),
+#                                           v = (c - 32) * d, c = clip(rint(v/d), -31, 31) + 32
 # A float cache is k_cache, v_cache float32 [NB, BS, H, D] with k_scale = v_scale = None.
 # block_table: int32 [n] — logical block i of the sequence is physical block
 # block_table[i]; position p lives at (block_table[p // BS], p % BS).  All pool arrays
 # must be writeable and C-contiguous (a per-layer view [l] of a [L, NB, BS, H, D] pool
-# is).  D must be a multiple of 32 for the quantized cache.  Blocks may be shared between
-# sequences (prefix sharing): the kernels only write positions >= start_pos.
+# is).  The V group g = D // v_scale.shape[3] must be a multiple of 8.  rotate=True (layout
+# "int8"): the cache holds the orthonormal Walsh-Hadamard rotation of K and V along D (in
+# blocks of the largest power of two dividing D; runtime_shim.kv_cache.rotate_heads):
+# kv_write rotates before quantizing, attention rotates q and its output, kv_read rotates
+# back.  Blocks may be shared between sequences (prefix sharing): the kernels only write
+# positions >= start_pos.
 
 def kv_write(
     k: npt.NDArray[np.float32],
@@ -284,6 +302,7 @@ def kv_write(
     *,
     v_high: npt.NDArray[np.uint8] | None = None,
     v_mins: npt.NDArray[np.float16] | None = None,
+    rotate: bool = False,
 ) -> None:
     """Quantize-on-write T tokens k, v [T, H, D] at positions start_pos.. (all or
     nothing: NumericError before any write on NaN/Inf or a float16 V-scale overflow)."""
@@ -303,11 +322,16 @@ def attention_decode(
     out: npt.NDArray[np.float32] | None = None,
     v_high: npt.NDArray[np.uint8] | None = None,
     v_mins: npt.NDArray[np.float16] | None = None,
+    rotate: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> npt.NDArray[np.float32]:
     """One token: writes k, v ([H, D] or [1, H, D]) at `pos` (quantize on write), then
     q [n_heads, D] (or [1, n_heads, D]) attends over positions 0..pos of the dequantized
-    cache: softmax((q . k_p) * scale) v_p, scale default 1/sqrt(D).  GQA: query head h
-    reads kv head h // (n_heads // H).  Returns [n_heads, D]."""
+    cache: softmax((q . k_p) * scale) v_p, scale default 1/sqrt(D); softcap > 0 maps each
+    score s to softcap * tanh(s / softcap) first; window > 0 keeps only positions
+    > pos - window.  GQA: query head h reads kv head h // (n_heads // H).  Returns
+    [n_heads, D]."""
 
 def attention_prefill(
     q: npt.NDArray[np.float32],
@@ -324,6 +348,9 @@ def attention_prefill(
     out: npt.NDArray[np.float32] | None = None,
     v_high: npt.NDArray[np.uint8] | None = None,
     v_mins: npt.NDArray[np.float16] | None = None,
+    rotate: bool = False,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> npt.NDArray[np.float32]:
     """T tokens (q [T, n_heads, D], k/v [T, H, D], token-strided views allowed): writes
     positions start_pos..start_pos+T-1, then causal attention (query t sees positions
@@ -340,6 +367,7 @@ def kv_read(
     *,
     v_high: npt.NDArray[np.uint8] | None = None,
     v_mins: npt.NDArray[np.float16] | None = None,
+    rotate: bool = False,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Dequantized (k, v) float32 [length, H, D] of positions 0..length-1."""
 
@@ -357,11 +385,16 @@ def decoder_layer(
     composite layer built from the functions above (tested bit-identical).
     lw: attn_norm, ffn_norm float32 [hidden]; q, k, v, o, gate, up, down with .native
     (a Weight) or .factors (U, V with .native), .bias (float32 [N] | None),
-    .is_quantized, .act_group, .rows; .qkv_group / .gate_up_group (int | None).
+    .is_quantized, .act_group, .rows; .qkv_group / .gate_up_group (int | None); optional
+    (missing or None: the plain Llama layer) .q_norm / .k_norm float32 [head_dim] (per-head
+    RMSNorm of q and k before RoPE), .attn_post_norm / .ffn_post_norm float32 [hidden]
+    (x + rmsnorm(projection) instead of x + projection).
     ctx: num_heads, num_kv_heads, head_dim, eps, cos, sin (float32 [T, head_dim/2]),
     positions (consecutive), n_ctx (= positions[-1] + 1), block_table, act_int8,
-    kv (.mode "float", or "int8-legacy" / "int8" with .v_group 32, .k, .k_scales, .v,
-    .v_scales, and for "int8" .v_high, .v_mins).
+    kv (.mode "float", or "int8-legacy" / "int8-v5" / "int8" with .v_group a multiple of
+    8, .k, .k_scales, .v, .v_scales, for the int5 ones .v_high, .v_mins, and .layout.rotate);
+    optional: activation ("silu", "gelu", "gelu_tanh", "relu"), window, attn_scale,
+    attn_softcap (None: none; as attention_prefill's window / scale / softcap).
     x [T, hidden] float32.  Returns (x_out, None) on success; on the int8-activation
     path (None, "activation scale overflow (<where>)") / (None, "non-finite K/V") ask for
     a float recompute, and (x_out, "non-finite layer output") flags the output; any other

@@ -6,6 +6,26 @@ stored is a :class:`KVLayout`; :data:`KV_LAYOUTS` is the one table of them (meas
 bench/kv.py: bytes per token, KL against the float cache, decode speed):
 
 ``"int8"`` (default)
+    K and V rotated first along ``head_dim`` by the orthonormal Walsh-Hadamard transform
+    (:func:`rotate_heads`, QuaRot's trick: it spreads K's outlier channels over every
+    channel, so one scale per token fits them all, and makes V's values alike), then K
+    int8 with one float16 scale per token and KV head (as ``"int8-v5"``) and V int6
+    symmetric with one scale byte per token and KV head (``v_group`` = head_dim):
+    ``d = f16(absmax/31)`` rounded up to its 8 top magnitude bits (e5m3: the float16 whose
+    bits are ``byte << 7``), ``c = clip(rint(v/d), -31, 31) + 32``, stored as a nibble
+    plane (low 4 bits) plus a 2-bit plane (bits 4-5 of element ``i`` are bits
+    ``2 (i % 4)`` and ``2 (i % 4) + 1`` of byte ``i // 4``). The rotation is its own
+    inverse: the cache is read back with it (the native attention rotates q and its output
+    instead), so ``q . k`` and ``sum p v`` are unchanged up to rounding. 0.449x the bytes
+    of a float16 cache at head_dim 64 (0.443x at 128), at every context length.
+``"int8-v5"`` codes below, taken of K and V rotated first along ``head_dim`` by
+    the orthonormal Walsh-Hadamard transform (:func:`rotate_heads`; QuaRot's trick): the
+    rotation spreads K's outlier channels over every channel, so one scale per token fits
+    them all, and V's groups get a flatter range. The rotation is its own inverse: the
+    cache is read back (and the native attention rotates q and its output) with the same
+    transform, so ``q . k`` and ``sum p v`` are unchanged up to rounding. Same bytes as
+    ``"int8-v5"`` (0.445x of float16 at head_dim 64), about 0.6x its KL (bench/kv.py).
+``"int8-v5"``
     K int8 with one float16 scale per token and KV head (``d = absmax/127``,
     ``q = clip(rint(k/d), -127, 127)``); V int5 asymmetric in groups of ``v_group`` (32)
     along ``head_dim`` with a float16 scale and min per group (``m = min``,
@@ -21,10 +41,48 @@ bench/kv.py: bytes per token, KL against the float cache, decode speed):
 ``"float"``
     float32 K and V: the reference.
 
+Measured (bench/kv.py on the f32 SmolLM2-135M package: 30 layers, 3 KV heads, head_dim
+64, so a float16 cache is 23040 B/token; KL against the float cache on the evaluation
+text, ctx 512). Every layout here stores each token alone (no window, no per-channel
+statistics over tokens), so its ratio to float16 is the same at every context length
+(512, 2048, ...)::
+
+    layout                             B/token  x f16   mean KL  KL chunks
+    int8 (default)                       10350  0.449   0.00060      40
+    int8-v5 (the default before)         10260  0.445   0.00204      40
+    int8-legacy                           9720  0.422   0.00821      40
+    tried on the way (quantize-dequantize on write into a float cache, 2 chunks;
+    "rot": Hadamard-rotated; the same 2 chunks give int8 0.00055, int8-v5 0.00179):
+    K int8/token, V float32                  -      -   0.00069         2
+    rot K int8/token, V float32              -      -   0.00018         2
+    K float32, V int5 asym g32               -      -   0.00107         2
+    K float32, rot V int5 asym g32           -      -   0.00086         2
+    rot K int8, V int5 asym g32          10260  0.445   0.00127         2
+    rot K+V int8, int5 asym g32          10260  0.445   0.00103         2
+    rot K+V int8, int5 asym g64           9900  0.430   0.00124         2
+    rot K+V int8, int5 sym g32            9900  0.430   0.00131         2
+    rot K+V int8, int4 asym g32           9540  0.414   0.00414         2
+    rot K+V int7, int5 asym g32           9540  0.414   0.00172         2
+    rot K+V int6, int5 asym g32           8820  0.383   0.00427         2
+    rot K+V int8, int6/token f16 scale   10440  0.453   0.00047         2
+
+The last one is the default with a float16 V scale: 0.8 B/token/head over the 0.45x
+bar, hence the one-byte (e5m3, rounded up) scale. A float16 window of recent tokens was
+not needed: on top of ``"int8-v5"`` it would cost 256 B per windowed token and head, so
+at context 512 the 0.45x bar leaves room for two tokens. Attention in one decode step
+(native AVX-512, one thread, 9 query heads over 1024 positions of 3 KV heads):
+int8-legacy 0.15 ms, float 0.16 ms, int8 0.21 ms, int8-v5 0.23 ms (0.58 ms before its
+int5 codes were assembled from byte tables ahead of the vector loads). Whole-model decode
+tok/s (64 tokens after 256, 2 threads, a shared 2-core machine) varied more from run to
+run than between layouts: int8 20-24, int8-v5 21-25, int8-legacy 23-30, float 21-22.
+
 Quantized on write, dequantized on read. Arrays per layer (``NB`` blocks, ``BS`` tokens
 per block, ``H`` KV heads, ``D`` head_dim, ``G = D/v_group``)::
 
     int8:        k_codes int8 [NB, BS, H, D]    k_scales f16 [NB, BS, H]
+                 v_codes uint8 [NB, BS, H, D/2] v_high uint8 [NB, BS, H, D/4]
+                 v_scales uint8 [NB, BS, H, G]  (of the rotated K and V; G = 1)
+    int8-v5:     k_codes int8 [NB, BS, H, D]    k_scales f16 [NB, BS, H]
                  v_codes uint8 [NB, BS, H, D/2] v_high uint8 [NB, BS, H, D/8]
                  v_scales f16 [NB, BS, H, G]    v_mins f16 [NB, BS, H, G]
     int8-legacy: k_codes int8 [NB, BS, H, D]    k_scales f32 [NB, BS, H]
@@ -66,6 +124,7 @@ __all__ = [
     "LayerKV",
     "Sequence",
     "block_hash",
+    "rotate_heads",
 ]
 
 
@@ -74,10 +133,12 @@ class KVLayout:
     """How one token's K and V of one KV head are stored.
 
     ``k_bits``: 8 (int8, one scale per token and head) or 32 (float32). ``v_bits``: 4
-    (symmetric int4, peak/-8), 5 (asymmetric int5, scale and min) or 32 (float32), in
-    groups of ``v_group`` along head_dim (head_dim itself when the group does not divide
-    it). ``scale_dtype``: the dtype of every scale and min. ``native``: the native kernels
-    implement it (else the native backend runs attention on numpy, with a typed reason).
+    (symmetric int4, peak/-8), 5 (asymmetric int5, scale and min), 6 (symmetric int6, one
+    scale byte) or 32 (float32), in groups of ``v_group`` along head_dim (head_dim itself
+    when the group does not divide it, or when ``v_group`` is 0). ``scale_dtype``: the
+    dtype of every float scale and min. ``native``: the native kernels implement it (else
+    the native backend runs attention on numpy, with a typed reason). ``rotate``: K and V
+    are quantized after :func:`rotate_heads` and read back through it.
     """
 
     name: str
@@ -87,6 +148,7 @@ class KVLayout:
     scale_dtype: str
     native: bool
     summary: str
+    rotate: bool = False  # K and V stored Hadamard-rotated (:func:`rotate_heads`)
 
     @property
     def quantized(self) -> bool:
@@ -94,7 +156,7 @@ class KVLayout:
 
     def group(self, head_dim: int, override: int | None = None) -> int:
         """The V group used at ``head_dim``: the layout's (or ``override``) when it divides."""
-        g = override or self.v_group
+        g = override or self.v_group or head_dim
         return g if head_dim % g == 0 else head_dim
 
     def arrays(self, h: int, d: int, v_group: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -103,6 +165,10 @@ class KVLayout:
             return {"k": ((h, d), "float32"), "v": ((h, d), "float32")}
         sd, g = self.scale_dtype, d // v_group
         out = {"k": ((h, d), "int8"), "k_scales": ((h,), sd), "v": ((h, d // 2), "uint8")}
+        if self.v_bits == 6:
+            out["v_high"] = ((h, d // 4), "uint8")
+            out["v_scales"] = ((h, g), "uint8")
+            return out
         if self.v_bits == 5:
             out["v_high"] = ((h, d // 8), "uint8")
         out["v_scales"] = ((h, g), sd)
@@ -125,7 +191,8 @@ class KVLayout:
 KV_LAYOUTS: dict[str, KVLayout] = {
     layout.name: layout
     for layout in (
-        KVLayout("int8", 8, 5, 32, "float16", True, "K int8/token, V int5 asym g32 (f16 scales)"),
+        KVLayout("int8", 8, 6, 0, "float16", True, "rotated K int8, V int6 per token", rotate=True),
+        KVLayout("int8-v5", 8, 5, 32, "float16", True, "K int8/token, V int5 asym g32 (f16)"),
         KVLayout("int8-legacy", 8, 4, 32, "float32", True, "K int8/token, V int4 sym g32 (f32)"),
         KVLayout("float", 32, 32, 1, "float32", True, "K and V float32 (the reference)"),
     )
@@ -135,6 +202,31 @@ DEFAULT_KV = "int8"
 # Bump when the bytes any layout writes for the same K/V change (rounding, packing, array
 # order): stored prefix caches and saved sessions bind to it (runtime_shim/prefix_cache.py).
 KV_LAYOUT_VERSION = 1
+
+
+def rotation_block(head_dim: int) -> int:
+    """The Hadamard block of :func:`rotate_heads`: the largest power of two dividing head_dim."""
+    return head_dim & -head_dim
+
+
+def rotate_heads(x: np.ndarray) -> np.ndarray:
+    """Orthonormal Walsh-Hadamard transform of the last axis, in blocks of
+    :func:`rotation_block` (a float32 copy; applying it twice gives ``x`` back up to rounding).
+
+    The butterflies run in the native kernels' order (stride 1, 2, 4, ...: ``a + b``,
+    ``a - b``), then one multiply by ``float32(1/sqrt(block))``, so both give the same bits."""
+    d = x.shape[-1]
+    b = rotation_block(d)
+    y = np.array(x, np.float32).reshape(-1, d // b, b)
+    h = 1
+    while h < b:
+        z = y.reshape(*y.shape[:2], b // (2 * h), 2, h)
+        a, c = z[..., 0, :].copy(), z[..., 1, :]
+        z[..., 0, :] += c
+        np.subtract(a, c, out=z[..., 1, :])
+        h *= 2
+    y *= np.float32(1.0 / np.sqrt(b))
+    return y.reshape(x.shape)
 
 
 @dataclass(frozen=True)
@@ -211,7 +303,7 @@ class KVPool:
         cfg = config or KVCacheConfig()
         layout = cfg.layout
         v_group = layout.group(head_dim, cfg.v_group)
-        if head_dim % (8 if layout.v_bits == 5 else 2):
+        if head_dim % (8 if layout.v_bits in (5, 6) else 2):
             raise ValueError(f"head_dim {head_dim} does not fit the {layout.name!r} KV layout")
         self.config = cfg
         self.layout = layout

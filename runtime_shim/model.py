@@ -87,8 +87,8 @@ def open(
       Without trusted keys one warning is logged, or with ``require_signature`` a
       :class:`~edgepack.format.errors.SignatureError` is raised.
     * ``threads``: worker threads of the kernels and of hashing (default: all CPUs).
-    * ``kv``: a layout of :data:`~.kv_cache.KV_LAYOUTS`: ``"int8"`` (default: K int8,
-      V int5 group-wise), ``"int8-legacy"`` (K int8, V int4) or ``"float"`` (reference).
+    * ``kv``: a layout of :data:`~.kv_cache.KV_LAYOUTS` (default ``"int8"``; the table
+      there says what each stores and what it was measured to cost), ``"float"``: reference.
     * ``kernels``: ``"numpy"``, ``"native"`` or None (``$EDGEPACK_KERNELS``, else auto).
     * ``activations``: ``"int8"`` (dynamic int8 activations into quantized matmuls, the
       native kernels' scheme), ``"float"``, or ``"auto"`` (int8 iff weights are quantized).

@@ -40,13 +40,10 @@ _CODES = {member: i for i, member in enumerate(Fallback, start=1)}
 class NativeGap(str, enum.Enum):
     """Why the native whole-layer call is not taken for a layer: the shared chain
     (:mod:`.layer`) runs it instead, each op native where the extension has it and numpy
-    where it does not (named here), so nothing runs approximately. Logged once per reason."""
+    where it does not (named here), so nothing runs approximately. Logged once per reason.
+    (GELU/ReLU, sliding windows, score scale and soft-capping, q/k and sandwich norms are
+    in the native layer now; only a V group the native cache lacks is left.)"""
 
-    ACTIVATION = "activation other than SiLU (numpy gated activation)"
-    SLIDING_WINDOW = "sliding-window attention (numpy attention)"
-    QK_NORM = "q/k head RMSNorm (chained native ops)"
-    ATTENTION_SCORES = "attention scale or score soft-capping (numpy attention)"
-    SANDWICH_NORMS = "norms on the attention and FFN outputs (chained native ops)"
     KV_GROUP = "quantized KV cache of a V group or head_dim native lacks (numpy attention)"
 
     def __str__(self) -> str:

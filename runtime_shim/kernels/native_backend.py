@@ -39,6 +39,7 @@ _NATIVE_FUNCS = {
     "swiglu_quantize": ("swiglu_quant",),
     "rope": ("rope",),
     "attend": ("attention_prefill", "attention_decode"),
+    "gated_activation": ("gated_act",),
 }
 
 
@@ -51,8 +52,9 @@ class NativeKernels(CompositeLayer):
     bias=)``, ``quantize_act(x, group)``, ``rmsnorm(x, w, eps)``, ``rmsnorm_quant(x, w,
     eps, group)``, ``swiglu(g, u)``, ``swiglu_quant(g, u, group)``, ``rope(x, positions,
     cos=, sin=)`` (in place), ``attention_prefill`` / ``attention_decode(q, k, v, k_cache,
-    k_scale, v_cache, v_scale, block_table, start)`` (KV write fused with attention),
-    ``set_threads(n)``; quantizing ops raise
+    k_scale, v_cache, v_scale, block_table, start, scale=, v_high=, v_mins=, rotate=,
+    window=, softcap=)`` (KV write fused with attention), ``gated_act(g, u, act)`` (GELU,
+    tanh-GELU, ReLU), ``set_threads(n)``; quantizing ops raise
     :class:`~edgepack.runtime_shim.errors.NumericError`.
     A whole-layer ``decoder_layer(layer, x, ctx) -> (x_out | None, reason | None)`` is
     used when present. An op whose call fails with a TypeError (an API mismatch) is
@@ -163,7 +165,12 @@ class NativeKernels(CompositeLayer):
         return super().swiglu_quantize(gate, up, group) if qa is None else qa
 
     def gated_activation(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        return self.numpy.gated_activation(gate, up, act)  # no native GELU/ReLU kernel yet
+        if "gated_activation" in self.native_ops:
+            try:
+                return self.mod.gated_act(_c32(gate), _c32(up), act)
+            except TypeError as exc:
+                self._drop("gated_activation", exc)
+        return self.numpy.gated_activation(gate, up, act)
 
     def matmul(
         self,
@@ -217,23 +224,29 @@ class NativeKernels(CompositeLayer):
         scale: float | None = None,
         softcap: float | None = None,
     ) -> np.ndarray:
-        windowed = window is not None and start + q.shape[0] > window
-        plain = not windowed and scale is None and softcap is None
-        native = plain and _native_kv_shape(kv, q.shape[2]) and self._native_kv(kv)
+        native = _native_kv_shape(kv, q.shape[2]) and self._native_kv(kv)
         if "attend" in self.native_ops and native:
             t, nh, hd = q.shape
             try:
                 high = getattr(kv, "v_high", None)  # the int5 V layout's extra planes
-                v5 = {} if high is None else {"v_high": high, "v_mins": kv.v_mins}
+                opts: dict[str, Any] = {} if high is None else {"v_high": high, "v_mins": kv.v_mins}
+                if _rotated(kv):
+                    opts["rotate"] = True
+                if window is not None:
+                    opts["window"] = int(window)
+                if softcap is not None:
+                    opts["softcap"] = float(softcap)
+                if scale is not None:
+                    opts["scale"] = float(scale)
                 if t == 1:
                     out = self.mod.attention_decode(
                         _c32(q)[0], _c32(k)[0], _c32(v)[0], kv.k, kv.k_scales, kv.v,
-                        kv.v_scales, block_table, int(start), **v5,
+                        kv.v_scales, block_table, int(start), **opts,
                     )  # fmt: skip
                 else:
                     out = self.mod.attention_prefill(
                         _c32(q), _c32(k), _c32(v), kv.k, kv.k_scales, kv.v, kv.v_scales,
-                        block_table, int(start), **v5,
+                        block_table, int(start), **opts,
                     )  # fmt: skip
                 return out.reshape(t, nh * hd)
             except TypeError as exc:
@@ -263,9 +276,9 @@ class NativeKernels(CompositeLayer):
         return super().decoder_layer(lw, x, ctx)
 
     def _native_kv(self, kv: LayerKV) -> bool:
-        """The native attention implements this layer's KV layout (at V group 32)."""
+        """The native attention implements this layer's KV layout (V groups of 8k)."""
         layout = KV_LAYOUTS.get(kv.mode)
-        if kv.mode == "float" or (layout is not None and layout.native and kv.v_group == 32):
+        if kv.mode == "float" or (layout is not None and layout.native and kv.v_group % 8 == 0):
             return True
         self._kv_on_numpy(kv)
         return False
@@ -282,22 +295,20 @@ class NativeKernels(CompositeLayer):
 
 
 def _native_kv_shape(kv: LayerKV, head_dim: int) -> bool:
-    """The native attention reads this cache's shape: float, or quantized V in groups of 32
-    with a head_dim that is a multiple of 32 (the layout is :meth:`NativeKernels._native_kv`'s)."""
-    return kv.mode == "float" or (kv.v_group == 32 and head_dim % 32 == 0)
+    """The native attention reads this cache's shape: float, or quantized V in groups of a
+    multiple of 8 dividing head_dim (the layout is :meth:`NativeKernels._native_kv`'s)."""
+    return kv.mode == "float" or (kv.v_group % 8 == 0 and head_dim % kv.v_group == 0)
+
+
+def _rotated(kv: LayerKV) -> bool:
+    layout = KV_LAYOUTS.get(kv.mode)
+    return layout is not None and layout.rotate
 
 
 def _native_gap(lw: LayerWeights, ctx: LayerContext) -> NativeGap | None:
-    if ctx.activation != "silu":
-        return NativeGap.ACTIVATION
-    if ctx.windowed:
-        return NativeGap.SLIDING_WINDOW
-    if lw.q_norm is not None:
-        return NativeGap.QK_NORM
-    if ctx.attn_scale is not None or ctx.attn_softcap is not None:
-        return NativeGap.ATTENTION_SCORES
-    if lw.attn_post_norm is not None:
-        return NativeGap.SANDWICH_NORMS
+    """What the native whole layer lacks for this call. Activations, sliding windows, score
+    scale and soft-capping, q/k and sandwich norms are native; a quantized V group that is
+    not a multiple of 8 (a legacy cache at an odd head_dim) is not."""
     if not _native_kv_shape(ctx.kv, ctx.head_dim):
         return NativeGap.KV_GROUP
     return None

@@ -18,10 +18,11 @@ import numpy as np
 from edgepack.format import Encoding, codecs
 
 from ..errors import KernelStatus, NumericError
-from ..kv_cache import LayerKV
+from ..kv_cache import LayerKV, rotate_heads
 from ..weights import Linear
 from .activations import gelu
 from .interface import ACT_SCALE_MAX, QuantizedActivations
+from .kv_codecs import codes_of, quantize_v6, v6_scale
 from .layer import CompositeLayer
 
 __all__ = ["NumpyKernels", "set_blas_threads"]
@@ -335,8 +336,12 @@ class NumpyKernels(CompositeLayer):
             return
         layout = kv.layout
         sd = np.dtype(layout.scale_dtype)
+        if layout.rotate:
+            k, v = rotate_heads(k), rotate_heads(v)
         kq, kd, ok_k = _quantize_k(k, sd)
-        if layout.v_bits == 5:
+        if layout.v_bits == 6:
+            (vq, vhi, vd, ok_v), vm = quantize_v6(v, kv.v_group), None
+        elif layout.v_bits == 5:
             vq, vhi, vd, vm, ok_v = _quantize_v5(v, kv.v_group, sd)
         else:
             (vq, vd, ok_v), vhi, vm = _quantize_v(v, kv.v_group), None, None
@@ -352,12 +357,14 @@ class NumpyKernels(CompositeLayer):
         kv.v_scales[blk, off] = vd
         if vhi is not None:
             kv.v_high[blk, off] = vhi
+        if vm is not None:
             kv.v_mins[blk, off] = vm
 
     def read_kv(
-        self, kv: LayerKV, block_table: np.ndarray, n: int
+        self, kv: LayerKV, block_table: np.ndarray, n: int, stored: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Dequantized ``K, V: [n, kv_heads, head_dim]`` for cache positions ``0..n-1``."""
+        """Dequantized ``K, V: [n, kv_heads, head_dim]`` for cache positions ``0..n-1``
+        (``stored``: in the layout's rotated basis, as the attention reads them)."""
         nb = block_table.size
         bs = kv.block_size
 
@@ -374,18 +381,26 @@ class NumpyKernels(CompositeLayer):
         np.bitwise_and(vc, 0x0F, out=nib[..., 0])
         np.right_shift(vc, 4, out=nib[..., 1])
         g = kv.v_group
-        vs = rows(kv.v_scales).astype(_F32)[..., None]
-        if kv.v_high is not None:  # int5: bit 4 from the bit plane, then c * d + m
+        if kv.layout.v_bits == 6:  # int6: bits 4-5 from the 2-bit plane, then (c - 32) * d
+            hi = rows(kv.v_high)
+            top = np.stack([(hi >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+            nib.reshape(n, h, 2 * half)[:] |= top.reshape(n, h, 2 * half) << 4
+            v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
+            v -= _F32(32)
+            v *= v6_scale(rows(kv.v_scales))[..., None]
+        elif kv.v_high is not None:  # int5: bit 4 from the bit plane, then c * d + m
             nib.reshape(n, h, 2 * half)[:] |= (
                 np.unpackbits(rows(kv.v_high), axis=-1, bitorder="little") << 4
             )
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
-            v *= vs
+            v *= rows(kv.v_scales).astype(_F32)[..., None]
             v += rows(kv.v_mins).astype(_F32)[..., None]
         else:
             v = nib.reshape(n, h, (2 * half) // g, g).astype(_F32)
             v -= _F32(8)
-            v *= vs
+            v *= rows(kv.v_scales).astype(_F32)[..., None]
+        if kv.layout.rotate and not stored:  # back from the stored (rotated) basis
+            return rotate_heads(k), rotate_heads(v.reshape(n, h, 2 * half))
         return k, v.reshape(n, h, 2 * half)
 
     def attention(
@@ -400,7 +415,10 @@ class NumpyKernels(CompositeLayer):
         softcap: float | None = None,
     ) -> np.ndarray:
         t, nh, hd = q.shape
-        k, v = self.read_kv(kv, block_table, n_ctx)
+        k, v = self.read_kv(kv, block_table, n_ctx, stored=True)
+        rotated = kv.mode != "float" and kv.layout.rotate
+        if rotated:  # q . k and sum p v in the stored basis: rotate q now, the output after
+            q = rotate_heads(q)
         nkv = k.shape[1]
         rep = nh // nkv
         qh = q.reshape(t, nkv, rep, hd).transpose(1, 2, 0, 3).reshape(nkv, rep * t, hd)
@@ -422,9 +440,10 @@ class NumpyKernels(CompositeLayer):
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, v.transpose(1, 0, 2))  # [nkv, rep*t, hd]
-        return np.ascontiguousarray(
-            out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3).reshape(t, nh * hd)
-        )
+        out = out.reshape(nkv, rep, t, hd).transpose(2, 0, 1, 3)
+        if rotated:
+            return rotate_heads(out).reshape(t, nh * hd)
+        return np.ascontiguousarray(out.reshape(t, nh * hd))
 
 
 def _quantize_k(k: np.ndarray, scale_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -449,11 +468,7 @@ def _quantize_v(v: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, bool
         peak = np.take_along_axis(vg, idx[..., None], axis=-1)[..., 0]
         ok = bool(np.isfinite(peak).all() and np.isfinite(v).all())
         scale = (peak / _F32(-8)).astype(_F32) + _F32(0)
-        inv = np.divide(_F32(1), scale, out=np.zeros_like(scale), where=scale != 0)
-        q = vg * inv[..., None]
-        np.rint(q, out=q)
-        np.clip(q, -8, 7, out=q)
-        q = np.nan_to_num(q, nan=0.0)
+        q = codes_of(vg, scale, -8, 7)
     nib = (q + 8).astype(np.uint8).reshape(t, h, d)
     packed = nib[..., 0::2] | (nib[..., 1::2] << 4)
     return packed, scale, ok

@@ -210,23 +210,43 @@ def test_yarn_is_not_vacuous(root: Path) -> None:
     assert np.abs(_reference(yarn) - _reference(plain)).max() > 1e-2
 
 
-def test_native_path_names_what_it_leaves_to_numpy(
-    root: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "name", ["llama-gelu", "llama-relu", "gemma2", "qwen3-qk-norm", "qwen3-sliding-bias",
+             "mistral-sliding-16", "llama-head-dim-24"],
+)  # fmt: skip
+def test_native_whole_layer_runs_every_supported_config(
+    root: Path, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Where the native whole layer lacks a feature the layer runs as a chain of ops, and
-    one log line gives the typed reason (never an approximate native run)."""
-    from edgepack.runtime_shim.kernels.fallback import NativeGap
-
-    pkg = root / "llama-gelu.epk"
+    """GELU/ReLU, sliding windows, score scale and soft-capping, q/k and sandwich norms and
+    any V group of 8k run in the native whole layer (no chain of ops, no numpy attention),
+    with the float cache and with the default one."""
+    pkg = root / f"{name}-native.epk"
     if not pkg.exists():
-        src, _ = _hf_model(root, "gelu-native", *IMPLEMENTED["llama-gelu"])
+        src, _ = _hf_model(root, f"{name}-native", *IMPLEMENTED[name])
         convert(src, pkg, encoding="f32")
-    try:
-        m = rt.open(pkg, kv="float", kernels="native")
-    except rt.KernelUnavailableError:
-        pytest.skip("no native kernels")
-    with caplog.at_level("INFO", logger="edgepack.runtime"), m:
-        m.logits(IDS[:8])
-        m.logits(IDS[:8])
-    lines = [r.getMessage() for r in caplog.records if "whole layer not used" in r.getMessage()]
-    assert lines == [f"native whole layer not used: {NativeGap.ACTIVATION}"]
+    for kv in ("float", None):
+        try:
+            m = rt.open(pkg, kernels="native", **({} if kv is None else {"kv": kv}))
+        except rt.KernelUnavailableError:
+            pytest.skip("no native kernels")
+        calls = []
+        with caplog.at_level("INFO", logger="edgepack.runtime"), m:
+            m.kernels.mod = _CountingLayer(m.kernels.mod, calls)
+            m.logits(IDS[:20])
+        assert calls, name
+        assert "whole layer not used" not in caplog.text, caplog.text
+        assert "attention on numpy" not in caplog.text, caplog.text
+
+
+class _CountingLayer:
+    """The native module with its decoder_layer calls counted."""
+
+    def __init__(self, mod: Any, calls: list[int]) -> None:
+        self._mod, self._calls = mod, calls
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._mod, attr)
+
+    def decoder_layer(self, *args: Any) -> Any:
+        self._calls.append(1)
+        return self._mod.decoder_layer(*args)

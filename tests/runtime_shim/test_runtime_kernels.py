@@ -16,7 +16,7 @@ from edgepack.runtime_shim.kernels import (
     QuantizedActivations,
     select_kernels,
 )
-from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool
+from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool, rotate_heads
 from edgepack.runtime_shim.weights import Linear
 
 RNG = np.random.default_rng(1234)
@@ -166,7 +166,7 @@ def _naive_attention(q, k, v, start):
     return out.reshape(t, nh * hd)
 
 
-@pytest.mark.parametrize("mode", ["float", "int8-legacy", "int8"])
+@pytest.mark.parametrize("mode", ["float", "int8-legacy", "int8-v5", "int8"])
 def test_attend_paged_matches_naive(nk: NumpyKernels, mode: str) -> None:
     pool = KVPool(1, 2, 64, KVCacheConfig(mode=mode, block_size=4, budget_bytes=1 << 20))
     seq = pool.sequence()
@@ -190,7 +190,15 @@ def test_attend_paged_matches_naive(nk: NumpyKernels, mode: str) -> None:
         assert np.abs(out - ref).max() < np.abs(v).max() / 16
         cos = (out * ref).sum() / np.sqrt((out**2).sum() * (ref**2).sum())
         assert cos > 0.995
-    if mode == "int8":  # read back: K int8 per token/head (f16 scale), V int5 asym g32
+    if mode == "int8":  # read back: in the rotated basis, K int8 and V int6 per token/head
+        kr, vr = (rotate_heads(a) for a in nk.read_kv(pool.layer(0), seq.block_table(), seq.length))
+        kt, vt = rotate_heads(k), rotate_heads(v)
+        kstep = np.abs(kt).max(-1, keepdims=True).astype(np.float16).astype(np.float32) / 127
+        assert (np.abs(kr - kt) <= kstep / 2 * 1.01 + 1e-5).all()
+        vstep = np.abs(vt).max(-1, keepdims=True) / 31 * 1.125  # scale byte: up to 1/8 above
+        err = np.abs(vr - vt)
+        assert (err <= vstep / 2 + 1e-5).all() and err.mean() < vstep.mean() / 3
+    if mode == "int8-v5":  # read back: K int8 per token/head (f16 scale), V int5 asym g32
         kr, vr = nk.read_kv(pool.layer(0), seq.block_table(), seq.length)
         kstep = np.abs(k).max(-1, keepdims=True).astype(np.float16).astype(np.float32) / 127
         assert (np.abs(kr - k) <= kstep / 2 * 1.01 + 1e-6).all()

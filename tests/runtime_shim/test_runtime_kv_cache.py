@@ -45,11 +45,17 @@ def test_budget_sets_block_count_and_bytes() -> None:
     # int8-legacy: K 1 byte + V 0.5 byte per element, one f32 K scale per head, V scale per 32
     per_token_layer = 2 * 32 + 2 * 4 + 2 * 16 + 2 * 1 * 4
     assert pool.bytes_per_block == per_token_layer * BS * 2
-    pool = make_pool(8, mode="int8")
-    assert pool.num_blocks == 8 and pool.mode == "int8"
-    # int8 (default): K 1 byte + V 5 bits per element, f16 K scale per head, f16 V scale
+    pool = make_pool(8, mode="int8-v5")
+    assert pool.num_blocks == 8 and pool.mode == "int8-v5"
+    # int8-v5: K 1 byte + V 5 bits per element, f16 K scale per head, f16 V scale
     # and min per 32
     per_token_layer = 2 * 32 + 2 * 2 + 2 * (16 + 4) + 2 * 1 * (2 + 2)
+    assert pool.bytes_per_block == per_token_layer * BS * 2
+    pool = make_pool(8, mode="int8")
+    assert pool.num_blocks == 8 and pool.mode == "int8"
+    # int8 (default): K 1 byte + V 6 bits per element, f16 K scale and one V scale byte
+    # per head
+    per_token_layer = 2 * 32 + 2 * 2 + 2 * (16 + 8) + 2 * 1
     assert pool.bytes_per_block == per_token_layer * BS * 2
     fpool = make_pool(8, mode="float")
     assert fpool.bytes_per_block == 2 * 2 * 32 * 4 * BS * 2

@@ -443,6 +443,26 @@ py::array py_swiglu(const py::object& gate, const py::object& up, const py::obje
     return y;
 }
 
+py::array py_gated_act(const py::object& gate, const py::object& up, const std::string& act) {
+    GatedAct a_kind;
+    if (act == "gelu") {
+        a_kind = GatedAct::gelu;
+    } else if (act == "gelu_tanh") {
+        a_kind = GatedAct::gelu_tanh;
+    } else if (act == "relu") {
+        a_kind = GatedAct::relu;
+    } else {
+        value_error("act must be gelu, gelu_tanh or relu (SiLU is swiglu), got '" + act + "'");
+    }
+    GateUp a = gate_up(gate, up);
+    py::array y = new_array("float32", {a.T, a.F});
+    {
+        py::gil_scoped_release nogil;
+        infer::gated_act({ptr<float>(a.g), a.ldg}, {ptr<float>(a.u), a.ldu}, a.T, a.F, a_kind, ptr<float>(y), a.F);
+    }
+    return y;
+}
+
 py::tuple py_swiglu_quant(const py::object& gate, const py::object& up, int64_t group) {
     GateUp a = gate_up(gate, up);
     const int64_t g = act_group(group, a.F, "group");
@@ -630,9 +650,10 @@ py::array py_lowrank(const py::object& x_in, const Weight& u, const Weight& v, c
 
 KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
                        const py::object& table_in, int64_t needed_positions, const py::object& vh,
-                       const py::object& vm) {
+                       const py::object& vm, bool rotate) {
     KvHandle a;
     KvCache& kv = a.kv;
+    kv.rotate = rotate;
     py::array k = as_array(kc, "k_cache"), v = as_array(vc, "v_cache");
     need_ndim(k, 4, "k_cache");
     need_contig(k, "k_cache");
@@ -649,6 +670,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
     if (is(k, "float32")) {
         kv.quantized = false;
         if (!ks.is_none() || !vs.is_none()) value_error("a float32 KV cache takes no k_scale / v_scale");
+        if (rotate) value_error("rotate goes with a quantized KV cache");
         need_dtype(v, "float32", "v_cache");
         need_shape(v, {NB, BS, H, D}, "v_cache");
         if (overlap(k, v)) value_error("k_cache and v_cache must not overlap");
@@ -656,22 +678,43 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         kv.vf = ptr<float>(v);
     } else {
         need_dtype(k, "int8", "k_cache");
-        if (D % 32 != 0) value_error("head_dim must be a multiple of 32 for the quantized KV cache, got " + std::to_string(D));
         need_dtype(v, "uint8", "v_cache");
         need_shape(v, {NB, BS, H, D / 2}, "v_cache");
         if (ks.is_none() || vs.is_none()) value_error("a quantized KV cache needs k_scale and v_scale");
         py::array ksa = as_array(ks, "k_scale"), vsa = as_array(vs, "v_scale");
-        kv.v5 = is(ksa, "float16");  // the int5-V layout ("int8"): K scales in float16
-        if (!kv.v5) need_dtype(ksa, "float32", "k_scale");
+        need_ndim(vsa, 4, "v_scale");
+        const int64_t G = vsa.shape(3);
+        if (G < 1 || D % G != 0 || (D / G) % 8 != 0 || D / G > 1024) {
+            value_error("the V group (head_dim " + std::to_string(D) + " / " + std::to_string(G) +
+                        " v_scale groups) must be a multiple of 8, at most 1024");
+        }
+        kv.v_group = D / G;
+        // float16 K scales: the int6-V layout ("int8", uint8 v_scale) or the int5 one ("int8-v5")
+        const bool k16 = is(ksa, "float16");
+        kv.v6 = k16 && is(vsa, "uint8");
+        kv.v5 = k16 && !kv.v6;
+        if (!k16) need_dtype(ksa, "float32", "k_scale");
         need_shape(ksa, {NB, BS, H}, "k_scale");
-        if (kv.v5) {
+        if (kv.v6) {
+            if (vh.is_none() || !vm.is_none()) value_error("the int6 V layout (uint8 v_scale) needs v_high and no v_mins");
+            py::array vha = as_array(vh, "v_high");
+            need_dtype(vha, "uint8", "v_high");
+            need_shape(vha, {NB, BS, H, D / 4}, "v_high");
+            need_contig(vha, "v_high");
+            need_writeable(vha, "v_high");
+            for (const py::array& o : {k, v, ksa, vsa}) {
+                if (overlap(vha, o)) value_error("the KV cache arrays must not overlap");
+            }
+            kv.v_high = ptr<uint8_t>(vha);
+            a.keep.push_back(vha);
+        } else if (kv.v5) {
             if (vh.is_none() || vm.is_none()) value_error("a float16 k_scale (int5 V) needs v_high and v_mins");
             if (!is(vsa, "float16")) type_error("the int5 V layout needs a float16 v_scale");
             py::array vha = as_array(vh, "v_high"), vma = as_array(vm, "v_mins");
             need_dtype(vha, "uint8", "v_high");
             need_shape(vha, {NB, BS, H, D / 8}, "v_high");
             need_dtype(vma, "float16", "v_mins");
-            need_shape(vma, {NB, BS, H, D / 32}, "v_mins");
+            need_shape(vma, {NB, BS, H, G}, "v_mins");
             for (const py::array& p : {vha, vma}) {
                 need_contig(p, "v_high / v_mins");
                 need_writeable(p, "v_high / v_mins");
@@ -689,14 +732,14 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         }
         need_contig(ksa, "k_scale");
         need_writeable(ksa, "k_scale");
-        if (is(vsa, "float16")) {
-            kv.v_scale_f16 = true;
+        if (is(vsa, "float16") || kv.v6) {
+            kv.v_scale_f16 = !kv.v6;
         } else if (is(vsa, "float32")) {
             kv.v_scale_f16 = false;
         } else {
             type_error("v_scale must be float16 or float32, got " + str(vsa.dtype()));
         }
-        need_shape(vsa, {NB, BS, H, D / 32}, "v_scale");
+        need_shape(vsa, {NB, BS, H, G}, "v_scale");
         need_contig(vsa, "v_scale");
         need_writeable(vsa, "v_scale");
         const py::array parts[4] = {k, v, ksa, vsa};
@@ -707,7 +750,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         }
         kv.k = ptr<int8_t>(k);
         kv.v = ptr<uint8_t>(v);
-        if (kv.v5) {
+        if (k16) {
             kv.k_scale16 = ptr<uint16_t>(ksa);
         } else {
             kv.k_scale = ptr<float>(ksa);
@@ -750,10 +793,17 @@ py::array thd(const py::object& o, const char* name, bool single) {
     return a;
 }
 
+// Keyword options of the attention entry points (defaults: the plain Llama attention).
+struct AttnOpts {
+    bool rotate = false;   // the cache holds Hadamard-rotated K/V (layout "int8")
+    int64_t window = 0;    // sliding window, 0: none
+    double softcap = 0.0;  // score soft-capping, 0: none
+};
+
 py::array py_attention(const py::object& q_in, const py::object& k_in, const py::object& v_in, const py::object& kc,
                     const py::object& ks, const py::object& vc, const py::object& vs, const py::object& table,
                     int64_t start, const py::object& scale_in, const py::object& out_in, bool decode, bool write_only,
-                    const py::object& vh, const py::object& vm) {
+                    const py::object& vh, const py::object& vm, const AttnOpts& opts = AttnOpts{}) {
     const char* op = write_only ? "kv_write" : decode ? "attention_decode" : "attention_prefill";
     if (start < 0) value_error("position must be >= 0");
     py::array k = thd(k_in, "k", decode), v = thd(v_in, "v", decode);
@@ -761,7 +811,7 @@ py::array py_attention(const py::object& q_in, const py::object& k_in, const py:
     const int64_t T = k.shape(0);
     if (T < 1) value_error("k must hold at least one token");
     if (decode && T != 1) value_error("attention_decode takes one token; use attention_prefill");
-    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, start + T, vh, vm);
+    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, start + T, vh, vm, opts.rotate);
     const KvCache& kv = c.kv;
     const int64_t Hkv = kv.n_kv_heads, D = kv.head_dim;
     need_shape(k, {T, Hkv, D}, "k");
@@ -804,6 +854,10 @@ py::array py_attention(const py::object& q_in, const py::object& k_in, const py:
     a.n_heads = Hq;
     a.scale = static_cast<float>(scale);
     a.out = ptr<float>(out);
+    if (opts.window < 0) value_error("window must be >= 0 (0: none)");
+    if (!(opts.softcap >= 0.0) || !std::isfinite(opts.softcap)) value_error("softcap must be finite and >= 0 (0: none)");
+    a.window = opts.window;
+    a.softcap = static_cast<float>(opts.softcap);
     Result r;
     {
         py::gil_scoped_release nogil;
@@ -814,9 +868,10 @@ py::array py_attention(const py::object& q_in, const py::object& k_in, const py:
 }
 
 py::tuple py_kv_read(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
-                  const py::object& table, int64_t length, const py::object& vh, const py::object& vm) {
+                  const py::object& table, int64_t length, const py::object& vh, const py::object& vm,
+                  bool rotate) {
     if (length < 0) value_error("length must be >= 0");
-    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, length, vh, vm);
+    KvHandle c = kv_cache_from(kc, ks, vc, vs, table, length, vh, vm, rotate);
     const int64_t H = c.kv.n_kv_heads, D = c.kv.head_dim;
     py::array k = new_array("float32", {length, H, D}), v = new_array("float32", {length, H, D});
     {
@@ -859,6 +914,8 @@ void bind_infer(py::module_& m) {
     m.def("rmsnorm_quant", &py_rmsnorm_quant, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("group") = 0);
     m.def("swiglu", &py_swiglu, py::arg("gate"), py::arg("up"), py::arg("out") = py::none());
     m.def("swiglu_quant", &py_swiglu_quant, py::arg("gate"), py::arg("up"), py::arg("group") = 0);
+    m.def("gated_act", &py_gated_act, py::arg("gate"), py::arg("up"), py::arg("act"),
+          "act(gate) * up for act in gelu, gelu_tanh, relu (the numpy reference's numerics).");
     m.def("rope", &py_rope, py::arg("x"), py::arg("positions"), py::kw_only(), py::arg("theta") = 10000.0,
           py::arg("inv_freq") = py::none(), py::arg("cos") = py::none(), py::arg("sin") = py::none());
     m.def("rope_table", &py_rope_table, py::arg("positions"), py::arg("head_dim"), py::kw_only(),
@@ -906,33 +963,41 @@ void bind_infer(py::module_& m) {
 
     m.def("kv_write",
           [](const py::object& k, const py::object& v, const py::object& kc, const py::object& ks, const py::object& vc,
-             const py::object& vs, const py::object& table, int64_t start, const py::object& vh, const py::object& vm) {
-              py_attention(py::none(), k, v, kc, ks, vc, vs, table, start, py::none(), py::none(), false, true, vh, vm);
+             const py::object& vs, const py::object& table, int64_t start, const py::object& vh, const py::object& vm,
+             bool rotate) {
+              py_attention(py::none(), k, v, kc, ks, vc, vs, table, start, py::none(), py::none(), false, true, vh, vm,
+                           AttnOpts{rotate, 0, 0.0});
           },
           py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
           py::arg("v_scale"), py::arg("block_table"), py::arg("start_pos"), py::kw_only(),
-          py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
+          py::arg("v_high") = py::none(), py::arg("v_mins") = py::none(), py::arg("rotate") = false);
     m.def("attention_decode",
           [](const py::object& q, const py::object& k, const py::object& v, const py::object& kc, const py::object& ks,
              const py::object& vc, const py::object& vs, const py::object& table, int64_t pos, const py::object& scale,
-             const py::object& out, const py::object& vh, const py::object& vm) {
-              return py_attention(q, k, v, kc, ks, vc, vs, table, pos, scale, out, true, false, vh, vm);
+             const py::object& out, const py::object& vh, const py::object& vm, bool rotate, int64_t window,
+             double softcap) {
+              return py_attention(q, k, v, kc, ks, vc, vs, table, pos, scale, out, true, false, vh, vm,
+                                  AttnOpts{rotate, window, softcap});
           },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
           py::arg("v_scale"), py::arg("block_table"), py::arg("pos"), py::kw_only(), py::arg("scale") = py::none(),
-          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
+          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none(),
+          py::arg("rotate") = false, py::arg("window") = 0, py::arg("softcap") = 0.0);
     m.def("attention_prefill",
           [](const py::object& q, const py::object& k, const py::object& v, const py::object& kc, const py::object& ks,
              const py::object& vc, const py::object& vs, const py::object& table, int64_t start, const py::object& scale,
-             const py::object& out, const py::object& vh, const py::object& vm) {
-              return py_attention(q, k, v, kc, ks, vc, vs, table, start, scale, out, false, false, vh, vm);
+             const py::object& out, const py::object& vh, const py::object& vm, bool rotate, int64_t window,
+             double softcap) {
+              return py_attention(q, k, v, kc, ks, vc, vs, table, start, scale, out, false, false, vh, vm,
+                                  AttnOpts{rotate, window, softcap});
           },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"),
           py::arg("v_scale"), py::arg("block_table"), py::arg("start_pos"), py::kw_only(), py::arg("scale") = py::none(),
-          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none());
+          py::arg("out") = py::none(), py::arg("v_high") = py::none(), py::arg("v_mins") = py::none(),
+          py::arg("rotate") = false, py::arg("window") = 0, py::arg("softcap") = 0.0);
     m.def("kv_read", &py_kv_read, py::arg("k_cache"), py::arg("k_scale"), py::arg("v_cache"), py::arg("v_scale"),
           py::arg("block_table"), py::arg("length"), py::kw_only(), py::arg("v_high") = py::none(),
-          py::arg("v_mins") = py::none());
+          py::arg("v_mins") = py::none(), py::arg("rotate") = false);
 
     bind_layer(m);
 }

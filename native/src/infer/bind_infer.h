@@ -30,14 +30,16 @@ struct __attribute__((visibility("hidden"))) KvHandle {
     std::vector<pybind11::array> keep;
 };
 
-// Checks k_cache / k_scale / v_cache / v_scale (/ v_high / v_mins: the int5-V layout,
+// Checks k_cache / k_scale / v_cache / v_scale (/ v_high (/ v_mins): the int6 / int5 V layouts,
 // chosen by a float16 k_scale) / block_table (layout in _kernels.pyi) for
-// positions [0, needed_positions); TypeError / ValueError on any mismatch.
+// positions [0, needed_positions); the V group is head_dim / v_scale.shape[3] (a multiple
+// of 8); `rotate`: K/V stored Hadamard-rotated (layout "int8"). TypeError / ValueError on
+// any mismatch.
 KvHandle kv_cache_from(const pybind11::object& k_cache, const pybind11::object& k_scale,
                        const pybind11::object& v_cache, const pybind11::object& v_scale,
                        const pybind11::object& block_table, int64_t needed_positions,
                        const pybind11::object& v_high = pybind11::none(),
-                       const pybind11::object& v_mins = pybind11::none());
+                       const pybind11::object& v_mins = pybind11::none(), bool rotate = false);
 
 // Raises edgepack.runtime_shim.errors.NumericError for a failed kernel Result: .code is
 // the Status, .op the kernel, .row / .col where; the message says `where` in words.

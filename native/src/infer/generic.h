@@ -330,20 +330,24 @@ void rope_row(float* x, int64_t H, int64_t D, int64_t hstride, const float* cs, 
 }
 
 // ---- KV cache ---------------------------------------------------------------------------
-// V group: d = peak / -8 (+0, so an all-zero group gets +0) with peak the first element of
-// largest |v| (codecs int4 sym), rounded to float16 when the scale pool is float16;
-// nib = clip(rint(v * (1/d)), -8, 7) + 8.
-inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* d16_out) {
+// V group of n elements (n = kv.v_group, a multiple of 8): d = peak / -8 (+0, so an
+// all-zero group gets +0) with peak the first element of largest |v| (codecs int4 sym),
+// rounded to float16 when the scale pool is float16; nib = clip(rint(v * (1/d)), -8, 7) + 8.
+inline int v_peak(const float* v, int64_t n) {
     uint32_t m = 0;
     int peak = 0;
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < n; ++i) {
         const uint32_t b = f32_bits(v[i]) & 0x7fffffffu;
         if (b > m) {
             m = b;
             peak = i;
         }
     }
-    float d = v[peak] / -8.0f + 0.0f;  // + 0 turns -0 (an all-zero group) into +0
+    return peak;
+}
+
+inline bool quant_v_group(const float* v, int64_t n, uint8_t* out, float* d_out, uint16_t* d16_out) {
+    float d = v[v_peak(v, n)] / -8.0f + 0.0f;  // + 0 turns -0 (an all-zero group) into +0
     if (d16_out != nullptr) {
         const uint16_t h = f32_to_f16(d);
         if (f16_is_inf(h)) return false;
@@ -354,8 +358,8 @@ inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* 
     }
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     const bool inf_inv = (f32_bits(inv) & 0x7fffffffu) == kNonFinite;
-    for (int i = 0; i < 16; ++i) {
-        int32_t n[2];
+    for (int64_t i = 0; i < n / 2; ++i) {
+        int32_t q[2];
         for (int k = 0; k < 2; ++k) {
             const float y = v[2 * i + k] * inv;
             float c;
@@ -364,21 +368,21 @@ inline bool quant_v_group(const float* v, uint8_t* out, float* d_out, uint16_t* 
             } else {
                 c = VS::round(VS::min(VS::max(y, -8.0f), 7.0f));
             }
-            n[k] = static_cast<int32_t>(c) + 8;
+            q[k] = static_cast<int32_t>(c) + 8;
         }
-        out[i] = static_cast<uint8_t>(n[0] | (n[1] << 4));
+        out[i] = static_cast<uint8_t>(q[0] | (q[1] << 4));
     }
     return true;
 }
 
-// Layout "int8" (v5): K scale d = f16(amax / 127) (then q as quant_with); V group of 32:
-// m = f16(min), d = f16((max - m) / 31), c = clip(rint((v - m) * (1/d)), 0, 31) (1/d = 0
-// when d == 0), low nibble of c in the nibble plane, bit 4 in the bit plane.
+// Layouts "int8" / "int8-v5" (v5): K scale d = f16(amax / 127) (then q as quant_with); V
+// group of n: m = f16(min), d = f16((max - m) / 31), c = clip(rint((v - m) * (1/d)), 0, 31)
+// (1/d = 0 when d == 0), low nibble of c in the nibble plane, bit 4 in the bit plane.
 inline float k16_scale_f32(const float* k, int64_t D) { return bits_f32(VS::max_abs_bits(k, D)) / 127.0f; }
 
-inline void v5_group_range(const float* v, float* lo, float* hi) {
+inline void v5_group_range(const float* v, int64_t n, float* lo, float* hi) {
     float a = v[0], b = v[0];
-    for (int i = 1; i < 32; ++i) {
+    for (int64_t i = 1; i < n; ++i) {
         a = v[i] < a ? v[i] : a;
         b = v[i] > b ? v[i] : b;
     }
@@ -387,42 +391,189 @@ inline void v5_group_range(const float* v, float* lo, float* hi) {
 }
 
 // True when a float16 K scale or V5 scale / min of this token and head would overflow.
-inline bool v5_overflows(const float* k, const float* v, int64_t D) {
+inline bool v5_overflows(const float* k, const float* v, int64_t D, int64_t n) {
     if (f16_is_inf(f32_to_f16(k16_scale_f32(k, D)))) return true;
-    for (int64_t g = 0; g < D / 32; ++g) {
+    for (int64_t g = 0; g < D / n; ++g) {
         float lo, hi;
-        v5_group_range(v + g * 32, &lo, &hi);
+        v5_group_range(v + g * n, n, &lo, &hi);
         const uint16_t m16 = f32_to_f16(lo);
         if (f16_is_inf(m16) || f16_is_inf(f32_to_f16((hi - f16_to_f32(m16)) / 31.0f))) return true;
     }
     return false;
 }
 
-inline void quant_v5_group(const float* v, uint8_t* nib, uint8_t* high, uint16_t* d16, uint16_t* m16) {
+inline void quant_v5_group(const float* v, int64_t n, uint8_t* nib, uint8_t* high, uint16_t* d16, uint16_t* m16) {
     float lo, hi;
-    v5_group_range(v, &lo, &hi);
+    v5_group_range(v, n, &lo, &hi);
     *m16 = f32_to_f16(lo);
     const float m = f16_to_f32(*m16);
     *d16 = f32_to_f16((hi - m) / 31.0f);
     const float d = f16_to_f32(*d16);
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t c[32];
-    for (int i = 0; i < 32; ++i) {
-        c[i] = static_cast<uint8_t>(VS::round(VS::min(VS::max((v[i] - m) * inv, 0.0f), 31.0f)));
-    }
-    for (int i = 0; i < 16; ++i) nib[i] = static_cast<uint8_t>((c[2 * i] & 15) | ((c[2 * i + 1] & 15) << 4));
-    for (int j = 0; j < 4; ++j) {
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        uint8_t c[8];
+        for (int i = 0; i < 8; ++i) {
+            c[i] = static_cast<uint8_t>(VS::round(VS::min(VS::max((v[i0 + i] - m) * inv, 0.0f), 31.0f)));
+        }
         uint8_t b = 0;
-        for (int i = 0; i < 8; ++i) b = static_cast<uint8_t>(b | ((c[8 * j + i] >> 4) << i));
-        high[j] = b;
+        for (int i = 0; i < 4; ++i) nib[i0 / 2 + i] = static_cast<uint8_t>((c[2 * i] & 15) | ((c[2 * i + 1] & 15) << 4));
+        for (int i = 0; i < 8; ++i) b = static_cast<uint8_t>(b | ((c[i] >> 4) << i));
+        high[i0 / 8] = b;
     }
 }
 
-// Element i of a V5 row's group as c - 8 (nib32 gives nib - 8): add 16 * bit.
-inline void v5_high_bits(const uint8_t* high, float* row32) {
-    for (int i = 0; i < 32; ++i) row32[i] = row32[i] + static_cast<float>(((high[i / 8] >> (i % 8)) & 1) * 16 + 8);
+// Layout "int8" (v6): V int6 symmetric per group of n: d = f16(absmax / 31) rounded up to
+// 8 bits (e5m3: the top byte of the float16's magnitude bits; 248 and above: overflow),
+// c = clip(rint(v * (1/d)), -31, 31) + 32, low nibble in the nibble plane, bits 4-5 in the
+// high plane (element i: bits 2 (i % 4) and 2 (i % 4) + 1 of byte i / 4).
+constexpr uint32_t kV6ScaleOverflow = 248;
+
+inline uint32_t v6_scale_code(const float* v, int64_t n) {
+    return (static_cast<uint32_t>(f32_to_f16(bits_f32(VS::max_abs_bits(v, n)) / 31.0f)) + 127u) >> 7;
 }
 
+inline float v6_scale(uint8_t b) { return f16_to_f32(static_cast<uint16_t>(static_cast<uint32_t>(b) << 7)); }
+
+inline void quant_v6_group(const float* v, int64_t n, uint8_t* nib, uint8_t* high, uint8_t* sb) {
+    *sb = static_cast<uint8_t>(v6_scale_code(v, n));
+    const float d = v6_scale(*sb);
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        uint32_t c[4];
+        for (int i = 0; i < 4; ++i) {
+            c[i] = static_cast<uint32_t>(static_cast<int32_t>(VS::round(VS::min(VS::max(v[i0 + i] * inv, -31.0f), 31.0f))) + 32);
+        }
+        nib[i0 / 2] = static_cast<uint8_t>((c[0] & 15u) | ((c[1] & 15u) << 4));
+        nib[i0 / 2 + 1] = static_cast<uint8_t>((c[2] & 15u) | ((c[3] & 15u) << 4));
+        high[i0 / 4] = static_cast<uint8_t>((c[0] >> 4) | ((c[1] >> 4) << 2) | ((c[2] >> 4) << 4) | ((c[3] >> 4) << 6));
+    }
+}
+
+// True when the float16 K scale or a v6 V scale of this token and head would overflow.
+inline bool v6_overflows(const float* k, const float* v, int64_t D, int64_t n) {
+    if (f16_is_inf(f32_to_f16(k16_scale_f32(k, D)))) return true;
+    for (int64_t g = 0; g < D / n; ++g) {
+        if (v6_scale_code(v + g * n, n) >= kV6ScaleOverflow) return true;
+    }
+    return false;
+}
+
+// V scale i and K scale idx as float (float16 through V::h2f: hardware where the ISA has it).
+template <class V = VS>
+inline float v_scale_at(const KvCache& kv, int64_t i) {
+    if (kv.v6) return V::h2f(static_cast<uint16_t>(static_cast<uint32_t>(static_cast<const uint8_t*>(kv.v_scale)[i]) << 7));
+    return kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[i])
+                          : static_cast<const float*>(kv.v_scale)[i];
+}
+
+template <class V>
+inline float k_scale_at(const KvCache& kv, int64_t idx) {
+    return kv.k_scale16 != nullptr ? V::h2f(kv.k_scale16[idx]) : kv.k_scale[idx];
+}
+
+// Byte tables for assembling int5 / int6 V codes 8 (4) at a time (little-endian words):
+// nib[b] = the two codes' low nibbles of byte b as two bytes; hi5[h] = 16 * bit i of h in
+// byte i; hi6[h] = 16 * bits 2i..2i+1 of h in byte i.
+struct VCodeTables {
+    uint16_t nib[256];
+    uint64_t hi5[256];
+    uint32_t hi6[256];
+    constexpr VCodeTables() : nib(), hi5(), hi6() {
+        for (int b = 0; b < 256; ++b) {
+            nib[b] = static_cast<uint16_t>((b & 15) | ((b >> 4) << 8));
+            uint64_t x = 0;
+            for (int i = 0; i < 8; ++i) x |= static_cast<uint64_t>(((b >> i) & 1) * 16) << (8 * i);
+            hi5[b] = x;
+            uint32_t y = 0;
+            for (int i = 0; i < 4; ++i) y |= static_cast<uint32_t>(((b >> (2 * i)) & 3) * 16) << (8 * i);
+            hi6[b] = y;
+        }
+    }
+};
+constexpr VCodeTables kVCodes{};
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the V code tables assume little-endian words");
+
+constexpr int64_t kMaxVGroup = 1024;  // the binding refuses larger V groups
+
+// The int5 / int6 codes (0..31 / 0..63) of group gi of the V row at cache index idx, as
+// n bytes (scalar table work; callers convert them with V::load_i8 well after the stores,
+// so the vector load never waits on a partial store forward).
+inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
+    const int64_t n = kv.v_group, D = kv.head_dim;
+    const uint8_t* nb = kv.v + idx * (D / 2) + gi * (n / 2);
+    if (kv.v6) {
+        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
+        for (int64_t j = 0; j < n / 4; ++j) {
+            const uint32_t y = kVCodes.hi6[hb[j]] | kVCodes.nib[nb[2 * j]] |
+                               (static_cast<uint32_t>(kVCodes.nib[nb[2 * j + 1]]) << 16);
+            std::memcpy(c + 4 * j, &y, 4);
+        }
+        return;
+    }
+    const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
+    for (int64_t j = 0; j < n / 8; ++j) {
+        const uint8_t* p = nb + 4 * j;
+        const uint64_t x = kVCodes.hi5[hb[j]] | kVCodes.nib[p[0]] | (static_cast<uint64_t>(kVCodes.nib[p[1]]) << 16) |
+                           (static_cast<uint64_t>(kVCodes.nib[p[2]]) << 32) |
+                           (static_cast<uint64_t>(kVCodes.nib[p[3]]) << 48);
+        std::memcpy(c + 8 * j, &x, 8);
+    }
+}
+
+// n code bytes as floats minus off (0 for int5, 32 for int6).
+template <class V>
+inline void codes_to_float(const int8_t* c, int64_t n, float off, float* row) {
+    const typename V::T vo = V::set1(off);
+    int64_t i = 0;
+    for (; i + V::W <= n; i += V::W) V::store(row + i, V::sub(V::load_i8(c + i), vo));
+    for (; i < n; ++i) row[i] = static_cast<float>(c[i]) - off;
+}
+
+inline float v_code_offset(const KvCache& kv) { return kv.v6 ? 32.0f : 0.0f; }
+
+// Group gi of the V row at cache index idx as floats: nib - 8 (int4), the int5 code c, or
+// c - 32 (int6).
+template <class V>
+inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
+    const int64_t n = kv.v_group, D = kv.head_dim;
+    if (kv.v5 || kv.v6) {
+        alignas(64) int8_t c[kMaxVGroup];
+        v_code_bytes(kv, idx, gi, c);
+        codes_to_float<V>(c, n, v_code_offset(kv), row);
+        return;
+    }
+    const uint8_t* vq = kv.v + idx * (D / 2) + gi * (n / 2);
+    int64_t i0 = 0;
+    for (; i0 + 32 <= n; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
+    for (; i0 < n; i0 += 2) {
+        const uint8_t b = vq[i0 / 2];
+        row[i0] = static_cast<float>(b & 0x0f) - 8.0f;
+        row[i0 + 1] = static_cast<float>(b >> 4) - 8.0f;
+    }
+}
+
+// The orthonormal Walsh-Hadamard transform of x[0, D) in blocks of the largest power of
+// two dividing D: butterflies (a + b, a - b) at stride 1, 2, 4, ..., then one multiply by
+// float(1 / sqrt(block)) (runtime_shim.kv_cache.rotate_heads does the same operations).
+inline void hadamard_row(float* x, int64_t D) {
+    const int64_t b = D & -D;
+    const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(b)));
+    for (int64_t o = 0; o < D; o += b) {
+        float* y = x + o;
+        for (int64_t h = 1; h < b; h <<= 1) {
+            for (int64_t i = 0; i < b; i += 2 * h) {
+                for (int64_t j = i; j < i + h; ++j) {
+                    const float a = y[j], c = y[j + h];
+                    y[j] = a + c;
+                    y[j + h] = a - c;
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < D; ++i) x[i] = x[i] * s;
+}
+
+// Writes one token (the driver has rotated it already for a rotating layout).
 template <class V>
 Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride, const float* v,
                 int64_t vstride) {
@@ -443,18 +594,27 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
         }
         return {};
     }
-    const int64_t G = D / 32;
-    if (kv.v5) {
+    const int64_t n = kv.v_group, G = D / n;
+    if (kv.v5 || kv.v6) {  // float16 K scales; V int5 (scale + min) or int6 (scale byte)
         for (int64_t h = 0; h < H; ++h) {
-            if (v5_overflows(k + h * kstride, v + h * vstride, D)) return {Status::scale_overflow, h, 0};
+            const bool over = kv.v6 ? v6_overflows(k + h * kstride, v + h * vstride, D, n)
+                                    : v5_overflows(k + h * kstride, v + h * vstride, D, n);
+            if (over) return {Status::scale_overflow, h, 0};
         }
         for (int64_t h = 0; h < H; ++h) {
             const int64_t idx = kv.index(pos, h);
             kv.k_scale16[idx] = f32_to_f16(k16_scale_f32(k + h * kstride, D));
             quant_with<V>(k + h * kstride, D, f16_to_f32(kv.k_scale16[idx]), kv.k + idx * D);
             for (int64_t g = 0; g < G; ++g) {
-                quant_v5_group(v + h * vstride + g * 32, kv.v + idx * (D / 2) + g * 16, kv.v_high + idx * (D / 8) + g * 4,
-                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
+                const float* vg = v + h * vstride + g * n;
+                uint8_t* nib = kv.v + idx * (D / 2) + g * (n / 2);
+                if (kv.v6) {
+                    quant_v6_group(vg, n, nib, kv.v_high + idx * (D / 4) + g * (n / 4),
+                                   static_cast<uint8_t*>(kv.v_scale) + idx * G + g);
+                } else {
+                    quant_v5_group(vg, n, nib, kv.v_high + idx * (D / 8) + g * (n / 8),
+                                   static_cast<uint16_t*>(kv.v_scale) + idx * G + g, kv.v_min + idx * G + g);
+                }
             }
         }
         return {};
@@ -462,17 +622,8 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
     if (kv.v_scale_f16) {  // the only failure left: a V scale beyond float16 range
         for (int64_t h = 0; h < H; ++h) {
             for (int64_t g = 0; g < G; ++g) {
-                const float* vg = v + h * vstride + g * 32;
-                float peak = 0.0f;
-                uint32_t m = 0;
-                for (int i = 0; i < 32; ++i) {
-                    const uint32_t b = f32_bits(vg[i]) & 0x7fffffffu;
-                    if (b > m) {
-                        m = b;
-                        peak = vg[i];
-                    }
-                }
-                if (f16_is_inf(f32_to_f16(peak / -8.0f))) return {Status::scale_overflow, h, g};
+                const float* vg = v + h * vstride + g * n;
+                if (f16_is_inf(f32_to_f16(vg[v_peak(vg, n)] / -8.0f))) return {Status::scale_overflow, h, g};
             }
         }
     }
@@ -482,10 +633,10 @@ Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride,
         uint8_t* vq = kv.v + idx * (D / 2);
         for (int64_t g = 0; g < G; ++g) {
             if (kv.v_scale_f16) {
-                quant_v_group(v + h * vstride + g * 32, vq + g * 16, nullptr,
+                quant_v_group(v + h * vstride + g * n, n, vq + g * (n / 2), nullptr,
                               static_cast<uint16_t*>(kv.v_scale) + idx * G + g);
             } else {
-                quant_v_group(v + h * vstride + g * 32, vq + g * 16,
+                quant_v_group(v + h * vstride + g * n, n, vq + g * (n / 2),
                               static_cast<float*>(kv.v_scale) + idx * G + g, nullptr);
             }
         }
@@ -546,15 +697,16 @@ inline float* tile_out(const AttnTile& t, int64_t j, int64_t D) {
     return t.out + (j / t.per) * t.ostride + (j % t.per) * D;
 }
 
-// out_j += (e_jp * v_scale) * (nib - 8) over positions, accumulating in memory.
+// out_j += (e_jp * v_scale) * (nib - 8) over positions, accumulating in memory (int5:
+// out_j += (e_jp * v_scale) * c, then out_j += e_jp * v_min).
 template <class V>
 inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const float* sc,
                        int64_t Lmax, float* row) {
-    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, G = D / 32;
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n;
     for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
-        const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
+        const int64_t cnt = BS < Lmax - p0 ? BS : Lmax - p0;
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
-        for (int64_t s = 0; s < n; ++s) {
+        for (int64_t s = 0; s < cnt; ++s) {
             const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
             if (!kv.quantized) {
                 for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
@@ -563,56 +715,68 @@ inline void attn_v_mem(const KvCache& kv, int64_t head, const AttnTile& t, const
                 }
                 continue;
             }
-            const uint8_t* vq = kv.v + idx * (D / 2);
             for (int64_t g = 0; g < G; ++g) {
-                V::nib32(vq + g * 16, row + g * 32);
-                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
-                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
-                if (kv.v5) {  // out += (e d) c + e m
-                    v5_high_bits(kv.v_high + idx * (D / 8) + g * 4, row + g * 32);
-                    const float mn = V::h2f(kv.v_min[idx * G + g]);
-                    for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
-                        float* ot = t.out + tt * t.ostride + g * 32;
-                        for (int64_t r = 0; r < t.per; ++r, ++j) {
-                            const float e = sc[j * Lmax + p];
-                            axpy_row<V>(ot + r * D, e * d, row + g * 32, 32);
-                            add_const<V>(ot + r * D, e * mn, 32);
-                        }
-                    }
-                    continue;
-                }
+                decode_v_group<V>(kv, idx, g, row + g * n);
+                const float d = v_scale_at<V>(kv, idx * G + g);
+                const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
                 for (int64_t tt = j0 / t.per, j = j0; j < t.nq; ++tt) {
-                    float* ot = t.out + tt * t.ostride + g * 32;
-                    for (int64_t r = 0; r < t.per; ++r, ++j) axpy_row<V>(ot + r * D, sc[j * Lmax + p] * d, row + g * 32, 32);
+                    float* ot = t.out + tt * t.ostride + g * n;
+                    for (int64_t r = 0; r < t.per; ++r, ++j) {
+                        const float e = sc[j * Lmax + p];
+                        axpy_row<V>(ot + r * D, e * d, row + g * n, n);
+                        if (kv.v5) add_const<V>(ot + r * D, e * mn, n);
+                    }
                 }
             }
         }
     }
 }
 
-// The same for a single query with D known at compile time: the accumulators stay in
-// registers (identical operations, so identical bits).
-template <class V, int DD>
+// The same for a single query with D and the V group NN known at compile time: the
+// accumulators stay in registers (identical operations, so identical bits); int5 / int6
+// code bytes are assembled for kAttnCodeRows positions before any is converted.
+constexpr int64_t kAttnCodeRows = 8;
+template <class V, int DD, int NN>
 inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* sc, float* out,
                         float* row) {
-    constexpr int NV = DD / V::W, G = DD / 32;
+    constexpr int NV = DD / V::W, G = DD / NN, PW = NN / V::W;
     const int64_t H = kv.n_kv_heads, BS = kv.block_size;
+    const bool coded = kv.v5 || kv.v6;
+    const typename V::T off = V::set1(v_code_offset(kv));
     typename V::T acc[NV];
     for (int i = 0; i < NV; ++i) acc[i] = V::zero();
+    alignas(64) int8_t codes[kAttnCodeRows * DD];
     for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
         const int64_t n = BS < L - p0 ? BS : L - p0;
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
-        for (int64_t s = 0; s < n; ++s) {
-            const int64_t idx = base + s * H;
-            const uint8_t* vq = kv.v + idx * (DD / 2);
-            for (int g = 0; g < G; ++g) {
-                V::nib32(vq + g * 16, row + g * 32);
-                const float d = kv.v_scale_f16 ? V::h2f(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
-                                               : static_cast<const float*>(kv.v_scale)[idx * G + g];
-                const typename V::T va = V::set1(sc[p0 + s] * d);
-                for (int w = 0; w < 32 / V::W; ++w) {
-                    const int i = g * (32 / V::W) + w;
-                    acc[i] = V::add(acc[i], V::mul(va, V::load(row + g * 32 + w * V::W)));
+        for (int64_t s0 = 0; s0 < n; s0 += kAttnCodeRows) {
+            const int64_t m = kAttnCodeRows < n - s0 ? kAttnCodeRows : n - s0;
+            if (coded) {  // all code bytes of these rows first, converted after (see v_code_bytes)
+                for (int64_t s = 0; s < m; ++s) {
+                    for (int g = 0; g < G; ++g) v_code_bytes(kv, base + (s0 + s) * H, g, codes + s * DD + g * NN);
+                }
+            }
+            for (int64_t s = s0; s < s0 + m; ++s) {
+                const int64_t idx = base + s * H;
+                const float e = sc[p0 + s];
+                for (int g = 0; g < G; ++g) {
+                    const typename V::T va = V::set1(e * v_scale_at<V>(kv, idx * G + g));
+                    if (coded) {
+                        const int8_t* c = codes + (s - s0) * DD + g * NN;
+                        for (int w = 0; w < PW; ++w) {
+                            const typename V::T x = V::sub(V::load_i8(c + w * V::W), off);
+                            acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, x));
+                        }
+                    } else {
+                        decode_v_group<V>(kv, idx, g, row + g * NN);
+                        for (int w = 0; w < PW; ++w) {
+                            acc[g * PW + w] = V::add(acc[g * PW + w], V::mul(va, V::load(row + g * NN + w * V::W)));
+                        }
+                    }
+                    if (kv.v5) {
+                        const typename V::T vm = V::set1(e * V::h2f(kv.v_min[idx * G + g]));
+                        for (int w = 0; w < PW; ++w) acc[g * PW + w] = V::add(acc[g * PW + w], vm);
+                    }
                 }
             }
         }
@@ -636,7 +800,7 @@ inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, flo
         for (int w = 0; w < W; ++w) {
             const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
             idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized ? kv.kscale(idx[w]) : 1.0f;
+            ks[w] = kv.quantized ? k_scale_at<V>(kv, idx[w]) : 1.0f;
         }
         for (int w = 0; w < W; ++w) {
             if (kv.quantized) {
@@ -695,7 +859,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
             const int64_t idx = base + s * H, p = p0 + s, j0 = first_active(t, p);
             if (kv.quantized && t.nq == 1) {  // convert in registers (same floats)
                 const float dot = dot16<V>(t.q, kv.k + idx * D, D, [](const int8_t* x) { return V::load_i8(x); });
-                sc[p] = (dot * kv.kscale(idx)) * t.scale;
+                sc[p] = (dot * k_scale_at<V>(kv, idx)) * t.scale;
                 continue;
             }
             const float* kr;
@@ -706,7 +870,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
                 for (; i + V::W <= D; i += V::W) V::store(row + i, V::load_i8(kq + i));
                 for (; i < D; ++i) row[i] = static_cast<float>(kq[i]);
                 kr = row;
-                ks = kv.kscale(idx);
+                ks = k_scale_at<V>(kv, idx);
             } else {
                 kr = kv.kf + idx * D;
             }
@@ -720,22 +884,32 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         }
     }
     }
-    // softmax numerators
+    // softmax numerators (soft-capped scores first; keys outside a sliding window get 0)
     for (int64_t j = 0; j < t.nq; ++j) {
         float* sj = sc + j * Lmax;
         const int64_t L = t.L0 + j / t.per;
-        const float m = max_of<V>(sj, L);
+        const int64_t lo = t.window > 0 && L > t.window ? L - t.window : 0;
+        if (t.softcap > 0.0f) {
+            for (int64_t p = lo; p < L; ++p) sj[p] = t.softcap * std::tanh(sj[p] / t.softcap);
+        }
+        for (int64_t p = 0; p < lo; ++p) sj[p] = 0.0f;
+        const float m = max_of<V>(sj + lo, L - lo);
         const typename V::T vm = V::set1(m);
-        int64_t p = 0;
+        int64_t p = lo;
         for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
         for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
         float* o = tile_out(t, j, D);
         for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
     }
-    if (t.nq == 1 && kv.quantized && !kv.v5 && D == 64) {
-        attn_v_regs<V, 64>(kv, head, Lmax, sc, t.out, row);
-    } else if (t.nq == 1 && kv.quantized && !kv.v5 && D == 128) {
-        attn_v_regs<V, 128>(kv, head, Lmax, sc, t.out, row);
+    const bool one = t.nq == 1 && kv.quantized;
+    if (one && kv.v_group == 32 && D == 64) {
+        attn_v_regs<V, 64, 32>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 32 && D == 128) {
+        attn_v_regs<V, 128, 32>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 64 && D == 64) {
+        attn_v_regs<V, 64, 64>(kv, head, Lmax, sc, t.out, row);
+    } else if (one && kv.v_group == 128 && D == 128) {
+        attn_v_regs<V, 128, 128>(kv, head, Lmax, sc, t.out, row);
     } else {
         attn_v_mem<V>(kv, head, t, sc, Lmax, row);
     }

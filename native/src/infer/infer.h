@@ -79,17 +79,28 @@ struct ActF32 {
 //   quantized: k int8 [NB, BS, H, D], k_scale f32 [NB, BS, H],
 //              v u8 [NB, BS, H, D/2] (low nibble = even d), v_scale f16|f32 [NB, BS, H, D/32]
 //              k = q * k_scale; v = (nib - 8) * v_scale (group 32 along D)
-//   v5 (layout "int8"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
+//   v5 (layout "int8-v5"): k as above with k_scale16 f16 [NB, BS, H]; v nibbles as above plus
 //              v_high u8 [NB, BS, H, D/8] (bit 4 of element i = bit i % 8 of byte i / 8),
 //              v_scale and v_min f16 [NB, BS, H, D/32]: v = c * v_scale + v_min,
 //              c = nib + 16 * bit (0..31)
+//   v6 (layout "int8"): k as v5; v nibbles (low 4 bits of c) plus v_high u8 [NB, BS, H, D/4]
+//              (bits 4-5 of element i = bits 2 (i % 4), 2 (i % 4) + 1 of byte i / 4) and
+//              v_scale u8 [NB, BS, H, D/g] (e5m3: the float16 whose bits are byte << 7):
+//              v = (c - 32) * v_scale, c = 0..63
 //   float:     kf, vf f32 [NB, BS, H, D]
+// V groups: v_group elements along D (a multiple of 8 dividing D; D/32 above is D/v_group).
+// rotate (layout "int8"): K and V are stored Walsh-Hadamard rotated (hadamard_rows); the
+// drivers rotate them on write, q before attention and its output after (ops.cpp), so the
+// kernels themselves never see the flag.
 struct KvCache {
     int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
+    int64_t v_group = 32;
     bool quantized = true;
     bool v_scale_f16 = true;
     bool v5 = false;
-    uint16_t* k_scale16 = nullptr;  // v5: K scales in float16 (k_scale unused)
+    bool v6 = false;
+    bool rotate = false;
+    uint16_t* k_scale16 = nullptr;  // v5, v6: K scales in float16 (k_scale unused)
     uint8_t* v_high = nullptr;
     uint16_t* v_min = nullptr;
     int8_t* k = nullptr;
@@ -136,6 +147,8 @@ struct AttnTile {
     int64_t ostride = 0;
     int64_t nq = 0, per = 1, L0 = 0;
     float scale = 0.0f;
+    int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
+    float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
 };
 // scratch holds nq * (L0 + (nq - 1) / per) + 16 * head_dim floats.
 using AttnHeadsFn = void (*)(const KvCache& kv, int64_t head, const AttnTile& tile, float* scratch);

@@ -58,6 +58,14 @@ struct LayerArgs {
     Lin q, k, v, o, gate, up, down;
     const float* attn_norm = nullptr;
     const float* ffn_norm = nullptr;
+    const float* q_norm = nullptr;  // [hd] per-head RMSNorm of q and k before RoPE (qwen3)
+    const float* k_norm = nullptr;
+    const float* attn_post_norm = nullptr;  // [hidden] norms of the attention / FFN outputs
+    const float* ffn_post_norm = nullptr;   // before their residual add (gemma2)
+    int act_kind = 0;                       // 0: SiLU (SwiGLU), else a GatedAct
+    double attn_scale = 0.0;                // 0: 1/sqrt(hd)
+    float softcap = 0.0f;
+    int64_t window = 0;
     int64_t qkv_group = 0, gate_up_group = 0;  // 0: quantize per weight
     int64_t T = 0, hidden = 0, nh = 0, nkv = 0, hd = 0, ffn = 0, start = 0;
     float eps = 0.0f;
@@ -164,6 +172,19 @@ struct Runner {
         }
     }
 
+    // y = x + l(in), or x + rmsnorm(l(in), post_norm) (sandwich norms), as the composite does.
+    void project_add(const Lin& l, const Act& in, const float* x, const float* post_norm, float* y) {
+        if (post_norm == nullptr) {
+            apply(l, in, y, x);
+            return;
+        }
+        const int64_t n = a.T * l.N;
+        float* p = ar.get<float>(n);
+        apply(l, in, p, nullptr);
+        rmsnorm({p, l.N}, post_norm, a.T, l.N, a.eps, p, l.N);
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] + p[i];
+    }
+
     // Why the layer gave up (Fallback::none: it ran through).  Non-finite K/V on the float
     // path set `kv_error` (the attention Result): the caller raises instead.
     Result kv_error;
@@ -192,6 +213,10 @@ struct Runner {
         apply(a.q, ins[0], qb, nullptr);
         apply(a.k, ins[1], kb, nullptr);
         apply(a.v, ins[2], vb, nullptr);
+        if (a.q_norm != nullptr) {  // in place: each row's factor is taken before it is written
+            rmsnorm({qb, a.hd}, a.q_norm, T * a.nh, a.hd, a.eps, qb, a.hd);
+            rmsnorm({kb, a.hd}, a.k_norm, T * a.nkv, a.hd, a.eps, kb, a.hd);
+        }
         rope(qb, T, QD, a.nh, a.hd, a.hd, a.cos, a.sin);
         rope(kb, T, KD, a.nkv, a.hd, a.hd, a.cos, a.sin);
         float* att = ar.get<float>(T * QD);
@@ -205,8 +230,10 @@ struct Runner {
         at.T = T;
         at.n_heads = a.nh;
         at.start = a.start;
-        at.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.hd)));
+        at.scale = static_cast<float>(a.attn_scale > 0.0 ? a.attn_scale : 1.0 / std::sqrt(static_cast<double>(a.hd)));
         at.out = att;
+        at.window = a.window;
+        at.softcap = a.softcap;
         const Result kv_r = attention(a.kv, at);
         if (kv_r.status != Status::ok) {
             if (!a.act) kv_error = kv_r;
@@ -216,7 +243,7 @@ struct Runner {
         cache.clear();
         if (!input_for(a.o, att, QD, &ao)) return Fallback::attention_output;
         float* x1 = ar.get<float>(T * H);
-        apply(a.o, ao, x1, a.x);
+        project_add(a.o, ao, a.x, a.attn_post_norm, x1);
         // ---- FFN
         cache.clear();
         Act gi[2];
@@ -238,7 +265,12 @@ struct Runner {
         apply(a.gate, gi[0], gb, nullptr);
         apply(a.up, gi[1], ub, nullptr);
         Act di;
-        if (a.act && a.down.quantized) {
+        if (a.act_kind != 0) {  // act(gate) * up in float, then quantized like any input
+            float* sb = ar.get<float>(T * F);
+            gated_act({gb, F}, {ub, F}, T, F, static_cast<GatedAct>(a.act_kind), sb, F);
+            cache.clear();
+            if (!input_for(a.down, sb, F, &di)) return Fallback::ffn_hidden;
+        } else if (a.act && a.down.quantized) {
             const int64_t g = a.down.act_group;
             int8_t* q = ar.get<int8_t>(T * F);
             float* s = ar.get<float>(T * (F / g));
@@ -250,7 +282,7 @@ struct Runner {
             swiglu({gb, F}, {ub, F}, T, F, sb, F);
             di = Act{sb, nullptr, nullptr, 0};
         }
-        apply(a.down, di, a.out, x1);
+        project_add(a.down, di, x1, a.ffn_post_norm, a.out);
         for (int64_t i = 0; i < T * H; ++i) {
             if ((f32_bits(a.out[i]) & 0x7f800000u) == 0x7f800000u) return Fallback::non_finite_output;
         }
@@ -262,7 +294,7 @@ int64_t arena_bytes(const LayerArgs& a) {
     const int64_t T = a.T, H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd, F = a.ffn;
     const int64_t widest = std::max({H, QD, F});
     // Generous: every buffer run() may take, each rounded up to 64 bytes.
-    const int64_t floats = T * (2 * H + 2 * QD + 2 * KD + 2 * H + 3 * F + 6 * widest) + 64 * 40;
+    const int64_t floats = T * (2 * H + 2 * QD + 2 * KD + 2 * H + 4 * F + 8 * widest) + 64 * 40;
     const int64_t bytes8 = T * (4 * H + QD + F + 3 * widest) + 64 * 40;
     const int64_t scales = T * (4 * H + QD + F + 3 * widest) + 64 * 40;  // group >= 1
     return floats * 4 + bytes8 + scales * 4;
@@ -281,6 +313,15 @@ PyObject* interned(const char* name) {
     if (s == nullptr) throw py::error_already_set();
     names.emplace_back(name, s);  // kept for the life of the process
     return s;
+}
+
+py::object get_opt(const py::handle& o, const char* name) {  // None when missing
+    PyObject* v = PyObject_GetAttr(o.ptr(), interned(name));
+    if (v == nullptr) {
+        PyErr_Clear();
+        return py::none();
+    }
+    return py::reinterpret_steal<py::object>(v);
 }
 
 py::object get(const py::handle& o, const char* name) {
@@ -409,13 +450,18 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     const std::string mode = get(kvo, "mode").cast<std::string>();
     // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
     // anything else is the caller's to run, said with a typed reason, never approximated.
-    const bool v5 = mode == "int8";
-    if (mode != "float" && !((v5 || mode == "int8-legacy") && get(kvo, "v_group").cast<int64_t>() == 32 && a.hd % 32 == 0)) {
-        return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
+    const bool v5 = mode == "int8-v5", v6 = mode == "int8";
+    if (mode != "float") {
+        const int64_t g = get(kvo, "v_group").cast<int64_t>();
+        if (!(v5 || v6 || mode == "int8-legacy") || g < 8 || g % 8 != 0 || a.hd % g != 0) {
+            return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
+        }
     }
+    const py::object layout = get_opt(kvo, "layout");
+    const bool rotate = !layout.is_none() && get_opt(layout, "rotate").is(py::bool_(true));
     KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 get(ctx, "block_table"), a.start + a.T, v5 ? get(kvo, "v_high") : py::none(),
-                                 v5 ? get(kvo, "v_mins") : py::none());
+                                 get(ctx, "block_table"), a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
+                                 v5 ? get(kvo, "v_mins") : py::none(), rotate);
     a.kv = kvh.kv;
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
     // weights
@@ -433,6 +479,39 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     a.gate = linear_of(gate, "gate", F, H, keep);
     a.up = linear_of(get(lw, "up"), "up", F, H, keep);
     a.down = linear_of(get(lw, "down"), "down", H, F, keep);
+    // what the Llama family varies (None or missing: the plain Llama layer)
+    const py::object qn = get_opt(lw, "q_norm"), kn = get_opt(lw, "k_norm");
+    if (!qn.is_none() && !kn.is_none()) {
+        a.q_norm = f32_vec(qn, a.hd, "q_norm", keep);
+        a.k_norm = f32_vec(kn, a.hd, "k_norm", keep);
+    }
+    const py::object apn = get_opt(lw, "attn_post_norm"), fpn = get_opt(lw, "ffn_post_norm");
+    if (!apn.is_none()) a.attn_post_norm = f32_vec(apn, H, "attn_post_norm", keep);
+    if (!fpn.is_none()) a.ffn_post_norm = f32_vec(fpn, H, "ffn_post_norm", keep);
+    const py::object act_o = get_opt(ctx, "activation");
+    const std::string act = act_o.is_none() ? "silu" : act_o.cast<std::string>();
+    if (act == "gelu") {
+        a.act_kind = static_cast<int>(GatedAct::gelu);
+    } else if (act == "gelu_tanh") {
+        a.act_kind = static_cast<int>(GatedAct::gelu_tanh);
+    } else if (act == "relu") {
+        a.act_kind = static_cast<int>(GatedAct::relu);
+    } else if (act != "silu") {
+        bad("unknown activation '" + act + "'");
+    }
+    const py::object win = get_opt(ctx, "window"), sc = get_opt(ctx, "attn_scale"), cap = get_opt(ctx, "attn_softcap");
+    if (!win.is_none()) {
+        a.window = win.cast<int64_t>();
+        if (a.window < 1) bad("ctx.window must be >= 1");
+    }
+    if (!sc.is_none()) {
+        a.attn_scale = sc.cast<double>();
+        if (!(a.attn_scale > 0.0) || !std::isfinite(a.attn_scale)) bad("ctx.attn_scale must be finite and > 0");
+    }
+    if (!cap.is_none()) {
+        a.softcap = static_cast<float>(cap.cast<double>());
+        if (!(a.softcap > 0.0f) || !std::isfinite(a.softcap)) bad("ctx.attn_softcap must be finite and > 0");
+    }
     a.qkv_group = group_attr(lw, "qkv_group", H);
     a.gate_up_group = group_attr(lw, "gate_up_group", H);
     if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");

@@ -29,7 +29,7 @@ uint8_t* scratch(int slot, int64_t bytes) {
         int64_t n = 0;
         ~Buf() { std::free(p); }
     };
-    thread_local Buf bufs[4];
+    thread_local Buf bufs[6];
     Buf& b = bufs[slot];
     if (b.n < bytes) {
         std::free(b.p);
@@ -103,6 +103,38 @@ void swiglu(Rows g, Rows u, int64_t T, int64_t F, float* y, int64_t ldy) {
     const InferTable& tb = active();
     rows_parallel(T, 8 * F, [&](int64_t t) {
         tb.swiglu(g.p + t * g.ld, u.p + t * u.ld, F, y + t * ldy);
+        return Result{};
+    });
+}
+
+namespace {
+// erf in double: Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), the numpy reference's.
+double erf_as(double x) {
+    const double a = std::fabs(x);
+    const double t = 1.0 / (1.0 + 0.3275911 * a);
+    double poly = t * (-1.453152027 + t * 1.061405429);
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + poly)));
+    const double r = 1.0 - poly * std::exp(-a * a);
+    return x > 0 ? r : (x < 0 ? -r : 0.0 * r);
+}
+
+float act_of(float gf, GatedAct act) {
+    if (act == GatedAct::relu) return gf < 0.0f ? 0.0f : gf;
+    const double g = gf;
+    if (act == GatedAct::gelu_tanh) {
+        const double c = std::sqrt(2.0 / 3.14159265358979323846);
+        return static_cast<float>(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))));
+    }
+    return static_cast<float>(0.5 * g * (1.0 + erf_as(g * std::sqrt(0.5))));
+}
+}  // namespace
+
+void gated_act(Rows g, Rows u, int64_t T, int64_t F, GatedAct act, float* y, int64_t ldy) {
+    rows_parallel(T, 32 * F, [&](int64_t t) {
+        const float* gr = g.p + t * g.ld;
+        const float* ur = u.p + t * u.ld;
+        float* yr = y + t * ldy;
+        for (int64_t i = 0; i < F; ++i) yr[i] = act_of(gr[i], act) * ur[i];
         return Result{};
     });
 }
@@ -187,9 +219,31 @@ void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const Ge
     matmul_f32(u, hx, out);
 }
 
-Result kv_append(const KvCache& kv, const AttnArgs& a) {
+// [T, H, D] rows (token stride ts) rotated into contiguous scratch of the given slot.
+static const float* rotated(int slot, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
+    auto* r = reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+            float* row = r + (t * H + h) * D;
+            std::memcpy(row, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
+            hadamard_row(row, D);
+        }
+    }
+    return r;
+}
+
+Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     const InferTable& tb = active();
-    const int64_t H = kv.n_kv_heads, D = kv.head_dim;
+    const int64_t H = kv_in.n_kv_heads, D = kv_in.head_dim;
+    KvCache kv = kv_in;
+    AttnArgs a = a_in;
+    if (kv.rotate) {  // the stored basis: K and V rotated, then quantized as usual
+        kv.rotate = false;
+        a.k = rotated(4, a.k, a.kts, a.T, H, D);
+        a.v = rotated(5, a.v, a.vts, a.T, H, D);  // (attend's rotated q reuses slot 5 later)
+        a.kts = a.vts = H * D;
+    }
+    const int64_t n = kv.v_group;
     // All-or-nothing: check every token before the first write (kv_write re-checks its own).
     for (int64_t t = 0; t < a.T; ++t) {
         for (int64_t h = 0; h < H; ++h) {
@@ -199,27 +253,24 @@ Result kv_append(const KvCache& kv, const AttnArgs& a) {
             if (VS::max_abs_bits(vr, D) >= kNonFinite) return {Status::non_finite, t, H + h};
         }
     }
-    if (kv.v5) {
+    if (kv.v6) {
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t h = 0; h < H; ++h) {
-                if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D)) return {Status::scale_overflow, t, h};
+                if (v6_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D, n)) return {Status::scale_overflow, t, h};
+            }
+        }
+    } else if (kv.v5) {
+        for (int64_t t = 0; t < a.T; ++t) {
+            for (int64_t h = 0; h < H; ++h) {
+                if (v5_overflows(a.k + t * a.kts + h * D, a.v + t * a.vts + h * D, D, n)) return {Status::scale_overflow, t, h};
             }
         }
     } else if (kv.quantized && kv.v_scale_f16) {
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t h = 0; h < H; ++h) {
-                for (int64_t g = 0; g < D / 32; ++g) {
-                    const float* vg = a.v + t * a.vts + h * D + g * 32;
-                    uint32_t m = 0;
-                    float peak = 0.0f;
-                    for (int i = 0; i < 32; ++i) {
-                        const uint32_t b = f32_bits(vg[i]) & 0x7fffffffu;
-                        if (b > m) {
-                            m = b;
-                            peak = vg[i];
-                        }
-                    }
-                    if (f16_is_inf(f32_to_f16(peak / -8.0f))) return {Status::scale_overflow, t, g};
+                for (int64_t g = 0; g < D / n; ++g) {
+                    const float* vg = a.v + t * a.vts + h * D + g * n;
+                    if (f16_is_inf(f32_to_f16(vg[v_peak(vg, n)] / -8.0f))) return {Status::scale_overflow, t, g};
                 }
             }
         }
@@ -230,7 +281,17 @@ Result kv_append(const KvCache& kv, const AttnArgs& a) {
     return {};
 }
 
-void attend(const KvCache& kv, const AttnArgs& a) {
+void attend(const KvCache& kv_in, const AttnArgs& a_in) {
+    KvCache kv = kv_in;
+    AttnArgs a = a_in;
+    if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
+        kv.rotate = false;
+        a.q = rotated(5, a.q, a.qts, a.T, a.n_heads, kv.head_dim);
+        a.qts = a.n_heads * kv.head_dim;
+        attend(kv, a);
+        for (int64_t i = 0; i < a.T * a.n_heads; ++i) hadamard_row(a.out + i * kv.head_dim, kv.head_dim);
+        return;
+    }
     const InferTable& tb = active();
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     // Decode: one task per query head (balances 2 threads over few heads).  Prefill: one
@@ -249,6 +310,8 @@ void attend(const KvCache& kv, const AttnArgs& a) {
         for (int64_t i = i0; i < i1; ++i) {
             AttnTile t;
             t.scale = a.scale;
+            t.window = a.window;
+            t.softcap = a.softcap;
             if (decode) {
                 t.q = a.q + i * D;
                 t.out = a.out + i * D;
@@ -306,7 +369,7 @@ uint64_t read_probe(const uint8_t* p, int64_t n) {
 }
 
 void kv_read(const KvCache& kv, int64_t L, float* k, float* v) {
-    const int64_t H = kv.n_kv_heads, D = kv.head_dim, G = D / 32;
+    const int64_t H = kv.n_kv_heads, D = kv.head_dim, n = kv.v_group, G = D / n;
     for (int64_t p = 0; p < L; ++p) {
         for (int64_t h = 0; h < H; ++h) {
             const int64_t idx = kv.index(p, h);
@@ -318,25 +381,16 @@ void kv_read(const KvCache& kv, int64_t L, float* k, float* v) {
                 continue;
             }
             for (int64_t i = 0; i < D; ++i) ko[i] = static_cast<float>(kv.k[idx * D + i]) * kv.kscale(idx);
-            const uint8_t* vq = kv.v + idx * (D / 2);
             for (int64_t g = 0; g < G; ++g) {
-                const float d = kv.v_scale_f16
-                                    ? f16_to_f32(static_cast<const uint16_t*>(kv.v_scale)[idx * G + g])
-                                    : static_cast<const float*>(kv.v_scale)[idx * G + g];
-                if (kv.v5) {
-                    const float mn = f16_to_f32(kv.v_min[idx * G + g]);
-                    for (int i = 0; i < 32; ++i) {
-                        const int nib = (vq[g * 16 + i / 2] >> (4 * (i % 2))) & 0x0f;
-                        const int bit = (kv.v_high[idx * (D / 8) + g * 4 + i / 8] >> (i % 8)) & 1;
-                        vo[g * 32 + i] = static_cast<float>(nib + 16 * bit) * d + mn;
-                    }
-                    continue;
+                const float d = v_scale_at(kv, idx * G + g);
+                decode_v_group<VS>(kv, idx, g, vo + g * n);
+                for (int64_t i = 0; i < n; ++i) {
+                    vo[g * n + i] = kv.v5 ? vo[g * n + i] * d + f16_to_f32(kv.v_min[idx * G + g]) : vo[g * n + i] * d;
                 }
-                for (int i = 0; i < 16; ++i) {
-                    const uint8_t b = vq[g * 16 + i];
-                    vo[g * 32 + 2 * i] = static_cast<float>((b & 0x0f) - 8) * d;
-                    vo[g * 32 + 2 * i + 1] = static_cast<float>((b >> 4) - 8) * d;
-                }
+            }
+            if (kv.rotate) {  // back from the stored basis
+                hadamard_row(ko, D);
+                hadamard_row(vo, D);
             }
         }
     }

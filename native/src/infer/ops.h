@@ -24,6 +24,10 @@ Result rmsnorm_quant(Rows x, const float* w, int64_t T, int64_t K, float eps, in
                      int8_t* q, float* s);
 void swiglu(Rows g, Rows u, int64_t T, int64_t F, float* y, int64_t ldy);
 Result swiglu_quant(Rows g, Rows u, int64_t T, int64_t F, int64_t group, int8_t* q, float* s);
+// act(g) * u for the gated activations other than SiLU, as the numpy reference computes
+// them (runtime_shim.kernels.activations): act in double, rounded to float, times u.
+enum class GatedAct : int { gelu = 1, gelu_tanh = 2, relu = 3 };
+void gated_act(Rows g, Rows u, int64_t T, int64_t F, GatedAct act, float* y, int64_t ldy);
 
 // x[t * tstride + h * hstride + i]; cos/sin [T, D/2] (row t for token t).
 void rope(float* x, int64_t T, int64_t tstride, int64_t H, int64_t hstride, int64_t D,
@@ -50,6 +54,8 @@ struct AttnArgs {
     int64_t T = 0, n_heads = 0, start = 0;
     float scale = 0.0f;
     float* out = nullptr;
+    int64_t window = 0;    // sliding window (0: none): query t sees [start + t + 1 - window, start + t]
+    float softcap = 0.0f;  // score soft-capping (0: none)
 };
 Result kv_append(const KvCache& kv, const AttnArgs& a);
 void attend(const KvCache& kv, const AttnArgs& a);  // after kv_append

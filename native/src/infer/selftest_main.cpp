@@ -116,21 +116,85 @@ void check_attention(const InferTable& ref, const InferTable& tbl) {
     if (!same(k1, k2) || !same(ks1, ks2) || !same(v1, v2) || !same(vs1, vs2)) fail(std::string(tbl.name) + " kv_write");
     const std::vector<float> q = randn(static_cast<size_t>(6 * D));
     std::vector<float> o1(static_cast<size_t>(6 * D)), o2(static_cast<size_t>(6 * D)), sc(static_cast<size_t>(6 * L + 16 * D));
+    auto tile = [&](int64_t nq) {  // nq queries (3 per kv head beyond one) over L - 1 positions
+        AttnTile t;
+        t.q = q.data();
+        t.qstride = 3 * D;
+        t.ostride = 3 * D;
+        t.nq = nq;
+        t.per = nq == 1 ? 1 : 3;
+        t.L0 = L - 1;
+        t.scale = 0.125f;
+        return t;
+    };
     for (int64_t h = 0; h < H; ++h) {
         for (int64_t nq : {1, 3, 6}) {
-            AttnTile t;
-            t.q = q.data();
-            t.qstride = 3 * D;
-            t.ostride = 3 * D;
-            t.nq = nq;
-            t.per = nq == 1 ? 1 : 3;
-            t.L0 = L - 1;
-            t.scale = 0.125f;
+            AttnTile t = tile(nq);
             t.out = o1.data();
             ref.attn_heads(c1, h, t, sc.data());
             t.out = o2.data();
             tbl.attn_heads(c1, h, t, sc.data());
             if (!same(o1, o2)) fail(std::string(tbl.name) + " attn_heads nq=" + std::to_string(nq));
+        }
+    }
+    // the float16-K-scale layouts: int5 V in groups of 32 ("int8-v5"), int6 V per head ("int8")
+    for (const bool v6 : {false, true}) {
+        const int64_t g = v6 ? D : 32, G = D / g;
+        struct K16 {
+            std::vector<int8_t> k;
+            std::vector<uint16_t> ks, vs16, vm;
+            std::vector<uint8_t> v, vh, vs8;
+        } a[2];
+        KvCache c[2];
+        for (int i = 0; i < 2; ++i) {
+            a[i].k.assign(static_cast<size_t>(NB * BS * H * D), 0);
+            a[i].ks.assign(static_cast<size_t>(NB * BS * H), 0);
+            a[i].v.assign(static_cast<size_t>(NB * BS * H * D / 2), 0);
+            a[i].vh.assign(static_cast<size_t>(NB * BS * H * D / (v6 ? 4 : 8)), 0);
+            a[i].vs16.assign(static_cast<size_t>(NB * BS * H * G), 0);
+            a[i].vs8.assign(static_cast<size_t>(NB * BS * H * G), 0);
+            a[i].vm.assign(static_cast<size_t>(NB * BS * H * G), 0);
+            KvCache& kv = c[i];
+            kv.n_blocks = NB;
+            kv.block_size = BS;
+            kv.n_kv_heads = H;
+            kv.head_dim = D;
+            kv.v_group = g;
+            kv.v5 = !v6;
+            kv.v6 = v6;
+            kv.k = a[i].k.data();
+            kv.k_scale16 = a[i].ks.data();
+            kv.v = a[i].v.data();
+            kv.v_high = a[i].vh.data();
+            kv.v_min = a[i].vm.data();
+            if (v6) {
+                kv.v_scale = a[i].vs8.data();
+            } else {
+                kv.v_scale = a[i].vs16.data();
+            }
+            kv.table = table.data();
+            kv.table_len = NB;
+        }
+        const std::string what = std::string(tbl.name) + (v6 ? " int6 V" : " int5 V");
+        for (int64_t p = 0; p < L; ++p) {
+            ref.kv_write(c[0], p, kx.data() + p * H * D, D, vx.data() + p * H * D, D);
+            tbl.kv_write(c[1], p, kx.data() + p * H * D, D, vx.data() + p * H * D, D);
+        }
+        if (!same(a[0].k, a[1].k) || !same(a[0].ks, a[1].ks) || !same(a[0].v, a[1].v) || !same(a[0].vh, a[1].vh) ||
+            !same(a[0].vs16, a[1].vs16) || !same(a[0].vs8, a[1].vs8) || !same(a[0].vm, a[1].vm)) {
+            fail(what + " kv_write");
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            for (int64_t nq : {1, 3, 6}) {
+                AttnTile t = tile(nq);
+                t.window = nq == 3 ? 9 : 0;
+                t.softcap = nq == 6 ? 2.0f : 0.0f;
+                t.out = o1.data();
+                ref.attn_heads(c[0], h, t, sc.data());
+                t.out = o2.data();
+                tbl.attn_heads(c[0], h, t, sc.data());
+                if (!same(o1, o2)) fail(what + " attn_heads nq=" + std::to_string(nq));
+            }
         }
     }
 }
