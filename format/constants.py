@@ -43,6 +43,11 @@ MAX_SECTION_WINDOW = 1 << 27  # zstd window a reader allocates at most, whatever
 MAX_LOW_RANK_RATIO = 4096  # dense elements / factor elements a low-rank tensor may claim
 MIN_GROUP_SIZE = 8
 MAX_GROUP_SIZE = 4096
+# LoRA adapter payloads (spec section 6.1, format/adapter.py). Real adapters: rank 4-256,
+# q/k/v/o/gate/up/down of up to ~100 layers (a few hundred targets), JSON tens of KiB.
+MAX_ADAPTER_JSON = 16 * 1024 * 1024
+MAX_ADAPTER_TARGETS = 65_536
+MAX_ADAPTER_RANK = 4096
 
 
 class SectionKind(enum.IntEnum):

@@ -20,15 +20,19 @@ from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
 if TYPE_CHECKING:
+    from .adapters import ActiveAdapter, AdapterHandle
     from .model import Model
 
 __all__ = ["Session"]
 
 
 class Session:
-    def __init__(self, model: Model) -> None:
+    def __init__(
+        self, model: Model, adapter: AdapterHandle | None = None, adapter_scale: float = 1.0
+    ) -> None:
         self.model = model
-        self.seq = model.new_sequence()
+        self.adapter: ActiveAdapter | None = model._active_adapter(adapter, adapter_scale)
+        self.seq = model.new_sequence(self._salt)
         self.forward_stats = ForwardStats()  # cumulative
         self.stats = GenerationStats(kernel_path=model.kernel_path, kv_mode=model.kv_mode)
         self._closed = False
@@ -52,9 +56,24 @@ class Session:
         except Exception:
             pass
 
+    @property
+    def _salt(self) -> bytes:
+        return b"" if self.adapter is None else self.adapter.salt
+
+    def use_adapter(self, adapter: AdapterHandle | None, scale: float = 1.0) -> None:
+        """Switch this session to ``adapter`` at ``scale`` (or none). The context computed
+        under the previous choice is dropped (its K/V are the old adapter's); the base is
+        untouched."""
+        active = self.model._active_adapter(adapter, scale)
+        with self.model.lock:
+            self.seq.release()
+            self.adapter = active
+            self.seq = self.model.new_sequence(self._salt)
+
     def fork(self) -> Session:
         """A new session continuing from this one's context (blocks shared, COW)."""
         other = Session(self.model)
+        other.adapter = self.adapter
         with self.model.lock:
             other.seq = self.seq.fork()
         return other
@@ -71,9 +90,11 @@ class Session:
         """``float32 [T, vocab]`` logits of every position of ``ids`` (from position 0,
         on a scratch sequence; this session's context is untouched)."""
         ids = self.encode(ids) if isinstance(ids, str) else [int(i) for i in ids]
-        seq = self.model.new_sequence()
+        seq = self.model.new_sequence(self._salt)
         try:
-            out = self.model.forward(seq, ids, logits="all", stats=self.forward_stats)
+            out = self.model.forward(
+                seq, ids, logits="all", stats=self.forward_stats, adapter=self.adapter
+            )
         finally:
             with self.model.lock:
                 seq.release()
@@ -86,7 +107,7 @@ class Session:
         """Hidden states after the embedding, every layer and the final norm, plus
         ``logits``: each ``[T, ...]`` float32 (for :mod:`.compare`). With ``teacher``
         (another run's hidden states) each layer's input comes from there."""
-        seq = self.model.new_sequence()
+        seq = self.model.new_sequence(self._salt)
         collect: dict[str, list[np.ndarray]] = {}
         try:
             logits = self.model.forward(
@@ -96,6 +117,7 @@ class Session:
                 stats=self.forward_stats,
                 collect=collect,
                 teacher=teacher,
+                adapter=self.adapter,
             )
         finally:
             with self.model.lock:
@@ -200,7 +222,9 @@ class Session:
         t0 = time.perf_counter()
         cached = self._reuse(ids)
         stats.cached_prompt_tokens = cached
-        logits = model.forward(self.seq, ids[cached:], stats=self.forward_stats)
+        logits = model.forward(
+            self.seq, ids[cached:], stats=self.forward_stats, adapter=self.adapter
+        )
         assert logits is not None
         max_ctx = model.config.max_position_embeddings
         detok = model.tokenizer.stream() if mode == "text" else None
@@ -241,7 +265,9 @@ class Session:
                 if self.seq.length + 1 > max_ctx:
                     stats.finish_reason = "context"
                     break
-                logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+                logits = model.forward(
+                    self.seq, [tid], stats=self.forward_stats, adapter=self.adapter
+                )
                 assert logits is not None
             if detok is not None and stats.finish_reason not in ("stop",):
                 text += detok.flush()

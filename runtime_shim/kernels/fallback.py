@@ -48,6 +48,7 @@ class NativeGap(str, enum.Enum):
     ATTENTION_SCORES = "attention scale or score soft-capping (numpy attention)"
     SANDWICH_NORMS = "norms on the attention and FFN outputs (chained native ops)"
     KV_GROUP = "quantized KV cache of a V group or head_dim native lacks (numpy attention)"
+    ADAPTER = "a LoRA adapter on the layer (chained native ops plus the adapter's matmuls)"
 
     def __str__(self) -> str:
         return self.value

@@ -288,6 +288,8 @@ def _native_kv_shape(kv: LayerKV, head_dim: int) -> bool:
 
 
 def _native_gap(lw: LayerWeights, ctx: LayerContext) -> NativeGap | None:
+    if ctx.lora is not None:
+        return NativeGap.ADAPTER
     if ctx.activation != "silu":
         return NativeGap.ACTIVATION
     if ctx.windowed:
