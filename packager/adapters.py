@@ -38,6 +38,7 @@ __all__ = [
     "base_shapes",
     "bound_adapters",
     "merged_delta",
+    "pack_adapter",
     "parse_adapter_encoding",
     "read_adapter_source",
     "write_adapter_package",
@@ -163,3 +164,22 @@ def merged_delta(source: AdapterSource, name: str) -> np.ndarray | None:
     if not deltas:
         return None
     return np.sum(deltas, axis=0, dtype=np.float32)
+
+
+def pack_adapter(
+    base_path: str | os.PathLike[str],
+    adapter_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    encoding: Encoding = Encoding.INT8_CHANNEL,
+    signing_keys: Sequence[object] = (),
+    overwrite: bool = False,
+) -> Path:
+    """An adapter-only package of the adapter at ``adapter_path``, bound to the package
+    at ``base_path`` (the first-class small release: it names its base by digest)."""
+    source = read_adapter_source(adapter_path)
+    with Package.open(base_path) as base:
+        payloads = bound_adapters(source, base.weights_digest, base_shapes(base), encoding)
+        return write_adapter_package(
+            out, base, payloads, signing_keys=signing_keys, overwrite=overwrite
+        )

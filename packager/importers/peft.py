@@ -114,6 +114,9 @@ def _config(path: Path) -> dict:
     refused = {
         "use_dora": "DoRA",
         "modules_to_save": "modules_to_save (fully trained modules)",
+        "lora_bias": "lora_bias (trained biases of B)",
+        "trainable_token_indices": "trainable_token_indices (trained embedding rows)",
+        "layer_replication": "layer_replication",
     }
     for key, what in refused.items():
         if cfg.get(key):
