@@ -35,6 +35,13 @@ from .progress import progress_bars
 @sign_key_option("the package")
 @release_options
 @click.option("--no-report", is_flag=True, help="Skip OUT.report.md / .png.")
+@click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="PEFT LoRA folder to pack as a section bound to the built weights; repeatable.",
+)
 def build(
     src: str,
     out: str,
@@ -49,6 +56,7 @@ def build(
     model_version: str,
     min_runtime_version: str | None,
     no_report: bool,
+    adapters: tuple[str, ...],
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
@@ -80,6 +88,7 @@ def build(
             model_name=model_name,
             model_version=model_version,
             min_runtime_version=min_runtime_version,
+            adapters=adapters,
         )
     record(
         path=str(result.path),

@@ -8,6 +8,8 @@ from typing import Any
 
 from edgepack.format import Encoding, Package
 
+from .describe_adapters import adapter_lines, adapters_to_json
+
 
 def _encoding_label(t) -> str:
     """The label the CLI and recipes use for this tensor's encoding (``int4-g32-asym``)."""
@@ -54,6 +56,7 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
             }
             for s in h.sections
         ],
+        "adapters": adapters_to_json(pkg),
         "tensors": [
             {
                 "name": t.name,
@@ -91,6 +94,7 @@ def describe_header(pkg: Package) -> str:
             f"    {s.kind_name:<18} {s.name:<20} {s.uncompressed_length:>12,} B"
             f"{comp}{' (required)' if s.required else ''}"
         )
+    lines += adapter_lines(adapters_to_json(pkg))
     per_enc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     total_params = 0
     for t in h.tensors:

@@ -26,6 +26,8 @@ from edgepack.format.adapter import (
     encode_adapter,
 )
 from edgepack.format.output_file import check_output_path
+from edgepack.format.weights_digest import weights_digest
+from edgepack.format.writer import PackageSizer
 from edgepack.runtime_shim import runtime_version
 
 from .errors import ImportModelError, InputError
@@ -35,8 +37,10 @@ __all__ = [
     "ADAPTER_MEDIA_TYPE",
     "AdapterSource",
     "adapter_payload",
+    "add_adapter_sections",
     "base_shapes",
     "bound_adapters",
+    "build_adapter_sources",
     "merged_delta",
     "pack_adapter",
     "parse_adapter_encoding",
@@ -141,14 +145,7 @@ def write_adapter_package(
     ops = [(f"arch.{identity.architecture}", 1)]
     with PackageWriter(out, identity, required_operators=ops, provenance=provenance) as w:
         for payload in payloads:
-            adapter = decode_adapter(payload)
-            w.add_section(
-                SectionKind.LORA_ADAPTER,
-                payload,
-                name=adapter.name,
-                media_type=ADAPTER_MEDIA_TYPE,
-                compress=False,
-            )
+            _add_payload(w, payload)
         w.finish(signing_keys)
     return out
 
@@ -183,3 +180,40 @@ def pack_adapter(
         return write_adapter_package(
             out, base, payloads, signing_keys=signing_keys, overwrite=overwrite
         )
+
+
+def build_adapter_sources(paths: Sequence[str | os.PathLike[str]]) -> tuple[AdapterSource, ...]:
+    """``build --adapter`` inputs: PEFT folders (float factors). An adapter package is
+    bound to the weights it was made for, which a build replaces: InputError."""
+    sources = tuple(read_adapter_source(p) for p in paths)
+    for s in sources:
+        if s.imported is None:
+            raise InputError(
+                f"--adapter {s.path}: an adapter package is bound to its base's weights; "
+                "give the PEFT folder it came from"
+            )
+    names = [s.imported.name for s in sources if s.imported is not None]
+    if len(set(names)) != len(names):
+        raise InputError(f"--adapter: two adapters are named alike ({', '.join(names)})")
+    return sources
+
+
+def add_adapter_sections(w: PackageSizer, sources: Sequence[AdapterSource]) -> None:
+    """Append ``sources`` as LORA_ADAPTER sections bound to the tensors ``w`` holds
+    (uncompressed: a sizer's placeholder digest then lays out the same bytes)."""
+    tensors = w.tensors
+    digest = weights_digest(tensors)
+    shapes = {t.name: t.shape for t in tensors}
+    for source in sources:
+        for payload in bound_adapters(source, digest, shapes):
+            _add_payload(w, payload)
+
+
+def _add_payload(w: PackageSizer, payload: bytes) -> None:
+    w.add_section(
+        SectionKind.LORA_ADAPTER,
+        payload,
+        name=decode_adapter(payload).name,
+        media_type=ADAPTER_MEDIA_TYPE,
+        compress=False,  # the runtime reads it as stored
+    )

@@ -69,10 +69,12 @@ def build(
     model_name: str | None = None,
     model_version: str = "1.0.0",
     min_runtime_version: str | None = None,
+    adapters: Sequence[str | Path] = (),
 ) -> BuildResult:
     """Build ``out`` from ``src`` following ``recipe`` (see the package docstring).
     ``model_name`` defaults to the source's (made valid); the version fields are checked
-    before the source is read."""
+    before the source is read. ``adapters``: PEFT folders packed as LORA_ADAPTER sections
+    bound to the built weights."""
     from edgepack.runtime_shim.instrument import set_blas_threads
 
     check_release_fields(model_version, min_runtime_version)
@@ -92,7 +94,11 @@ def build(
     phases["import"] = time.perf_counter() - t0
     name = given_name or resolve_model_name(None, fm.identity.name)
     fm.identity = replace(fm.identity, name=name, version=model_version)
-    release = {"min_runtime_version": min_runtime_version}
+    release: dict[str, Any] = {"min_runtime_version": min_runtime_version}
+    if adapters:
+        from ..adapters import build_adapter_sources
+
+        release["adapters"] = build_adapter_sources(adapters)
     try:
         return _build(
             fm, out, recipe, calib_file, sign_keys, progress, report, lut, phases, release

@@ -1,0 +1,128 @@
+"""`edgepack pack-adapter`, `merge-lora`, `build --adapter` and `inspect`'s adapter list,
+on a tiny GGUF Llama and a PEFT-layout adapter folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgepack.runtime_shim as rt
+from edgepack.cli import main
+from edgepack.format import Package
+from edgepack.packager.importers.synthetic import (
+    TinyLlamaSpec,
+    tiny_llama_weights,
+    write_gguf_llama,
+)
+
+SPEC = TinyLlamaSpec(hidden_size=64, intermediate_size=128, vocab_size=288)
+IDS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11]
+
+
+def write_peft(path: Path, spec: TinyLlamaSpec, seed: int = 0, r: int = 4) -> Path:
+    """A PEFT LoRA folder in the layout PEFT saves (q_proj, v_proj of every layer)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    h = spec.hidden_size
+    kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
+    tensors = {}
+    for i in range(spec.num_hidden_layers):
+        for mod, out in (("q_proj", h), ("v_proj", kv)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
+            tensors[f"{key}.lora_A.weight"] = rng.standard_normal((r, h)).astype(np.float32) * 0.2
+            tensors[f"{key}.lora_B.weight"] = rng.standard_normal((out, r)).astype(np.float32) * 0.2
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapter-cli")
+    gguf = root / "tiny.gguf"
+    write_gguf_llama(gguf, SPEC, tiny_llama_weights(SPEC))
+    base = root / "base.epk"
+    assert main(["convert", str(gguf), "-o", str(base), "--encoding", "int8"]) == 0
+    return {"root": root, "gguf": gguf, "base": base, "peft": write_peft(root / "peft", SPEC)}
+
+
+def _inspect_json(path: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_pack_inspect_merge(files, capsys, tmp_path):
+    base, peft = files["base"], files["peft"]
+    apkg = tmp_path / "a.epk"
+    assert main(["pack-adapter", str(base), str(peft), "-o", str(apkg)]) == 0
+    assert apkg.stat().st_size < base.stat().st_size / 4
+    doc = _inspect_json(apkg, capsys)
+    (info,) = doc["adapters"]
+    assert info["base_weights_digest"] == Package.open(base).weights_digest.hex()
+    assert info["rank"] == 4 and info["encodings"] == ["int8"] and info["bytes"] > 0
+    assert "layers.1.attn_v.weight" in info["targets"] and not info["binds_this_package"]
+    assert doc["tensors"] == []
+    assert main(["inspect", str(apkg)]) == 0
+    assert "rank 4" in capsys.readouterr().out
+
+    merged = tmp_path / "m.epk"
+    assert main(["merge-lora", str(base), str(apkg), "-o", str(merged)]) == 0
+    assert "4 tensors merged into the dequantized base" in capsys.readouterr().out
+    with Package.open(merged) as m, Package.open(base) as b:
+        assert [t.encoding for t in m.header.tensors] == [t.encoding for t in b.header.tensors]
+        changed = [t.name for t, u in zip(m.header.tensors, b.header.tensors) if t.hash != u.hash]
+        assert sorted(changed) == sorted(info["targets"])
+    with rt.open(base, verify="none", kv="float", activations="float") as m:
+        online = m.session(adapter=m.load_adapter(apkg)).logits(IDS)
+        plain = m.logits(IDS)
+    with rt.open(merged, verify="none", kv="float", activations="float") as m:
+        offline = m.logits(IDS)
+    # re-quantizing the merged weights to int8 costs what int8 costs; the adapter dominates
+    assert np.abs(online - offline).max() < 0.25 * np.abs(online - plain).max()
+
+
+def test_merge_into_source_floats(files, capsys, tmp_path):
+    out = tmp_path / "m.epk"
+    args = ["merge-lora", str(files["base"]), str(files["peft"]), "-o", str(out)]
+    assert main([*args, "--source", str(files["gguf"]), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert result["from_source"] is True and len(result["merged"]) == 4
+
+
+def test_wrong_base_is_a_usage_error(files, capsys, tmp_path):
+    apkg = tmp_path / "a.epk"
+    assert main(["pack-adapter", str(files["base"]), str(files["peft"]), "-o", str(apkg)]) == 0
+    other = tmp_path / "f32.epk"
+    assert main(["convert", str(files["gguf"]), "-o", str(other)]) == 0
+    capsys.readouterr()
+    assert main(["merge-lora", str(other), str(apkg), "-o", str(tmp_path / "x.epk")]) == 2
+    assert "was made for weights" in capsys.readouterr().err
+
+
+def test_peft_for_another_model_is_refused(files, capsys, tmp_path):
+    wide = write_peft(tmp_path / "wide", TinyLlamaSpec(hidden_size=96, vocab_size=288))
+    out = tmp_path / "a.epk"
+    assert main(["pack-adapter", str(files["base"]), str(wide), "-o", str(out)]) == 2
+    assert "in the base" in capsys.readouterr().err and not out.exists()
+
+
+def test_build_packs_adapters(files, capsys, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[quantize]\nencodings = ["int8"]\n[calibration]\nsamples = 8\nmax_tokens = 32\n'
+    )
+    out = tmp_path / "built.epk"
+    args = ["build", str(files["gguf"]), "-o", str(out), "--recipe", str(recipe), "--no-report"]
+    assert main([*args, "--adapter", str(files["peft"])]) == 0
+    (info,) = _inspect_json(out, capsys)["adapters"]
+    assert info["binds_this_package"] and info["name"] == "peft"
+    with rt.open(out, verify="none") as m:
+        handle = m.load_adapter()
+        assert m.session(adapter=handle).logits(IDS).shape == (len(IDS), SPEC.vocab_size)
