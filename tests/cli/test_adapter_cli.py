@@ -77,7 +77,8 @@ def test_pack_inspect_merge(files, capsys, tmp_path):
     assert "4 tensors merged into the dequantized base" in capsys.readouterr().out
     with Package.open(merged) as m, Package.open(base) as b:
         assert [t.encoding for t in m.header.tensors] == [t.encoding for t in b.header.tensors]
-        changed = [t.name for t, u in zip(m.header.tensors, b.header.tensors) if t.hash != u.hash]
+        pairs = zip(m.header.tensors, b.header.tensors, strict=True)
+        changed = [t.name for t, u in pairs if t.hash != u.hash]
         assert sorted(changed) == sorted(info["targets"])
     with rt.open(base, verify="none", kv="float", activations="float") as m:
         online = m.session(adapter=m.load_adapter(apkg)).logits(IDS)
