@@ -7,8 +7,10 @@ merged reference is PEFT's own ``merge_and_unload``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,3 +85,24 @@ def make_peft_adapter(
     with torch.no_grad():
         logits = merged(torch.tensor([IDS])).logits[0].float().numpy()
     return PeftAdapter(out, logits)
+
+
+def write_peft(path: Path, spec: Any, seed: int = 0, r: int = 4) -> Path:
+    """A PEFT LoRA folder in the layout PEFT saves (q_proj, v_proj of every layer) for
+    a ``TinyLlamaSpec`` model, written without peft (for CLI tests)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    h = spec.hidden_size
+    kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
+    tensors = {}
+    for i in range(spec.num_hidden_layers):
+        for mod, out in (("q_proj", h), ("v_proj", kv)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
+            tensors[f"{key}.lora_A.weight"] = rng.standard_normal((r, h)).astype(np.float32) * 0.2
+            tensors[f"{key}.lora_B.weight"] = rng.standard_normal((out, r)).astype(np.float32) * 0.2
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path

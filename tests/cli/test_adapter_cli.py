@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from adapterfactory import write_peft
 
 import edgepack.runtime_shim as rt
 from edgepack.cli import main
@@ -20,26 +21,6 @@ from edgepack.packager.importers.synthetic import (
 
 SPEC = TinyLlamaSpec(hidden_size=64, intermediate_size=128, vocab_size=288)
 IDS = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11]
-
-
-def write_peft(path: Path, spec: TinyLlamaSpec, seed: int = 0, r: int = 4) -> Path:
-    """A PEFT LoRA folder in the layout PEFT saves (q_proj, v_proj of every layer)."""
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(seed)
-    h = spec.hidden_size
-    kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
-    tensors = {}
-    for i in range(spec.num_hidden_layers):
-        for mod, out in (("q_proj", h), ("v_proj", kv)):
-            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
-            tensors[f"{key}.lora_A.weight"] = rng.standard_normal((r, h)).astype(np.float32) * 0.2
-            tensors[f"{key}.lora_B.weight"] = rng.standard_normal((out, r)).astype(np.float32) * 0.2
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="module")
