@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .options import output_option, sign_key_option
+from .options import output_option, semver_value, sign_key_option
 from .output import record
 
 _ADAPTER = click.Path(exists=True)
@@ -23,9 +23,20 @@ _ENCODINGS = click.Choice(["int8", "f16", "f32"])
     show_default=True,
     help="Encoding of the A and B factors.",
 )
+@click.option(
+    "--model-version",
+    default=None,
+    callback=semver_value,
+    help="Version of the adapter release (default: the base's; publishing needs a new one).",
+)
 @sign_key_option("the adapter package")
 def pack_adapter(
-    base: str, adapter: str, out: str, adapter_encoding: str, sign_keys: tuple[str, ...]
+    base: str,
+    adapter: str,
+    out: str,
+    adapter_encoding: str,
+    model_version: str | None,
+    sign_keys: tuple[str, ...],
 ) -> None:
     """Package ADAPTER (a PEFT folder) for BASE.epk: a small package naming its base by
     the digest of its weights, refused by the runtime on any other."""
@@ -36,7 +47,7 @@ def pack_adapter(
     keys = [load_private_key(k) for k in sign_keys]
     path = run(
         base, adapter, out, encoding=parse_adapter_encoding(adapter_encoding),
-        signing_keys=keys, overwrite=True,
+        signing_keys=keys, overwrite=True, version=model_version,
     )  # fmt: skip
     record(path=str(path), size=path.stat().st_size, signed=bool(keys))
     click.echo(f"wrote {path}: {path.stat().st_size:,} bytes, adapter for {base}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -133,12 +133,16 @@ def write_adapter_package(
     *,
     signing_keys: Sequence[object] = (),
     overwrite: bool = False,
+    version: str | None = None,
 ) -> Path:
     """An adapter-only package: no tensors, the adapters as sections, the base's identity
-    (so it is released and planned under the base's model) and its own provenance."""
+    (so it is released and planned under the base's model; ``version`` replaces the
+    base's: a release needs its own) and its own provenance."""
     out = Path(out)
     check_output_path(out, [base.path], overwrite=overwrite)
     identity: ModelIdentity = base.header.identity
+    if version is not None:
+        identity = replace(identity, version=version)
     provenance = Provenance(
         tool="edgepack", tool_version=runtime_version(), recipe={"command": "adapter"}
     )
@@ -171,6 +175,7 @@ def pack_adapter(
     encoding: Encoding = Encoding.INT8_CHANNEL,
     signing_keys: Sequence[object] = (),
     overwrite: bool = False,
+    version: str | None = None,
 ) -> Path:
     """An adapter-only package of the adapter at ``adapter_path``, bound to the package
     at ``base_path`` (the first-class small release: it names its base by digest)."""
@@ -178,7 +183,7 @@ def pack_adapter(
     with Package.open(base_path) as base:
         payloads = bound_adapters(source, base.weights_digest, base_shapes(base), encoding)
         return write_adapter_package(
-            out, base, payloads, signing_keys=signing_keys, overwrite=overwrite
+            out, base, payloads, signing_keys=signing_keys, overwrite=overwrite, version=version
         )
 
 

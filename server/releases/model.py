@@ -246,6 +246,13 @@ class ReleaseInfo:
     deltas: tuple[DeltaInfo, ...] = field(default=())
     chunks: tuple[str, ...] = ()  # chunk_hashes() of the package, chunk_bytes each
     chunk_bytes: int = CHUNK_BYTES
+    weights_digest: str = ""  # hex weights digest of the package ("": not recorded)
+    # an adapter-only release: the weights digests its adapters are bound to
+    adapter_for: tuple[str, ...] = ()
+
+    @property
+    def is_adapter(self) -> bool:
+        return bool(self.adapter_for)
 
     @property
     def rollout_percent(self) -> float:
@@ -276,6 +283,8 @@ class ReleaseInfo:
                 "deltas": [d.to_dict() for d in self.deltas],
                 **({"chunks": {"size": self.chunk_bytes, "sha256": list(self.chunks)}}
                    if self.chunks else {}),
+                **({"weights_digest": self.weights_digest} if self.weights_digest else {}),
+                **({"adapter_for": list(self.adapter_for)} if self.adapter_for else {}),
             }
         }
 
@@ -299,6 +308,8 @@ class ReleaseInfo:
             deltas=tuple(DeltaInfo.from_dict(d) for d in info.get("deltas", ())),
             chunks=tuple(str(h) for h in (info.get("chunks") or {}).get("sha256", ())),
             chunk_bytes=int((info.get("chunks") or {}).get("size", CHUNK_BYTES)),
+            weights_digest=str(info.get("weights_digest", "")),
+            adapter_for=tuple(str(d) for d in info.get("adapter_for", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -315,6 +326,8 @@ class ReleaseInfo:
             "signers": list(self.signers),
             "requirements": self.requirements.to_dict(),
             "deltas": [d.to_dict() for d in self.deltas],
+            "weights_digest": self.weights_digest,
+            "adapter_for": list(self.adapter_for),
         }
 
 

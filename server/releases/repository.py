@@ -117,6 +117,8 @@ class PackageFacts:
     length: int
     requirements: Requirements
     signers: tuple[str, ...]
+    weights_digest: str = ""  # hex, of the package's tensors
+    adapter_for: tuple[str, ...] = ()  # adapter-only package: the bases its adapters bind
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ def inspect_package(
     with Package.open(path) as pkg:
         report = pkg.verify(keys or None, threshold=threshold)
         header = pkg.header
+        digest = pkg.weights_digest.hex() if header.tensors else ""
+        adapter_for = () if header.tensors else _adapter_bases(pkg)
     name = model or header.identity.name
     try:
         check_name("model", name)
@@ -160,7 +164,21 @@ def inspect_package(
         length=size,
         requirements=Requirements.from_header(header),
         signers=report.trusted_signers,
+        weights_digest=digest,
+        adapter_for=adapter_for,
     )
+
+
+def _adapter_bases(pkg: Package) -> tuple[str, ...]:
+    """The base weights digests of an adapter-only package's LORA_ADAPTER sections."""
+    from edgepack.format import SectionKind
+    from edgepack.format.adapter import decode_adapter
+
+    bases = {
+        decode_adapter(pkg.section(SectionKind.LORA_ADAPTER, s.name) or b"").base_digest.hex()
+        for s in pkg.sections(SectionKind.LORA_ADAPTER)
+    }
+    return tuple(sorted(bases))
 
 
 class ReleaseRepository:
@@ -523,6 +541,8 @@ class ReleaseRepository:
                 signers=facts.signers,
                 deltas=deltas,
                 chunks=chunk_hashes(facts.path),
+                weights_digest=facts.weights_digest,
+                adapter_for=facts.adapter_for,
             )
             _put_release(targets, release)
             versions = self._commit(repo, targets=targets)

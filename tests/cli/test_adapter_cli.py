@@ -108,3 +108,22 @@ def test_build_packs_adapters(files, capsys, tmp_path):
     with rt.open(out, verify="none") as m:
         handle = m.load_adapter()
         assert m.session(adapter=handle).logits(IDS).shape == (len(IDS), SPEC.vocab_size)
+
+
+def test_adapter_release_records_its_binding(files, tmp_path):
+    from edgepack.server.releases.model import ReleaseInfo
+    from edgepack.server.releases.repository import inspect_package
+
+    apkg = tmp_path / "a.epk"
+    args = ["pack-adapter", str(files["base"]), str(files["peft"]), "-o", str(apkg)]
+    assert main([*args, "--model-version", "1.0.1"]) == 0
+    base, adapter = inspect_package(files["base"]), inspect_package(apkg)
+    assert adapter.version == "1.0.1" and base.adapter_for == ()
+    assert base.weights_digest == Package.open(files["base"]).weights_digest.hex()
+    assert adapter.adapter_for == (base.weights_digest,) and adapter.weights_digest == ""
+    info = ReleaseInfo(
+        "m/beta/a.epk", "m", "1.0.1", "beta", 10_000, adapter.sha256, adapter.length,
+        adapter.requirements, adapter_for=adapter.adapter_for,
+    )
+    back = ReleaseInfo.from_target(info.path, info.length, {"sha256": info.sha256}, info.custom())
+    assert back == info and back.is_adapter
