@@ -72,11 +72,18 @@ def parse_adapter_encoding(label: str) -> Encoding:
     return found[0].encoding
 
 
-def read_adapter_source(path: str | os.PathLike[str], family: str = "llama") -> AdapterSource:
-    """Read a PEFT folder or an adapter package; ImportModelError / InputError otherwise."""
+def read_adapter_source(
+    path: str | os.PathLike[str], base_config: dict | None = None, family: str = "llama"
+) -> AdapterSource:
+    """Read a PEFT folder, a llama.cpp GGUF LoRA (q/k need ``base_config``'s head
+    counts) or an adapter package; ImportModelError / InputError otherwise."""
+    from .importers.gguf_lora import is_gguf_lora, read_gguf_lora
+
     path = Path(path)
     if is_peft_dir(path):
         return AdapterSource(path, imported=read_peft(path, family))
+    if is_gguf_lora(path):
+        return AdapterSource(path, imported=read_gguf_lora(path, base_config))
     if path.is_file():
         with Package.open(path) as pkg:
             payloads = [
@@ -179,8 +186,8 @@ def pack_adapter(
 ) -> Path:
     """An adapter-only package of the adapter at ``adapter_path``, bound to the package
     at ``base_path`` (the first-class small release: it names its base by digest)."""
-    source = read_adapter_source(adapter_path)
     with Package.open(base_path) as base:
+        source = read_adapter_source(adapter_path, base.header.identity.config)
         payloads = bound_adapters(source, base.weights_digest, base_shapes(base), encoding)
         return write_adapter_package(
             out, base, payloads, signing_keys=signing_keys, overwrite=overwrite, version=version

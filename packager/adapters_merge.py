@@ -46,8 +46,8 @@ def merge_lora(
     out = Path(out)
     inputs = [Path(base_path), Path(adapter_path)] + ([Path(source)] if source else [])
     check_output_path(out, inputs, overwrite=overwrite)
-    adapter = read_adapter_source(adapter_path)
     with Package.open(base_path) as base:
+        adapter = read_adapter_source(adapter_path, base.header.identity.config)
         shapes = base_shapes(base)
         bound_adapters(adapter, base.weights_digest, shapes)  # refuse before writing
         floats = _source_tensors(source, shapes) if source is not None else {}

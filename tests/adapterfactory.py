@@ -87,22 +87,26 @@ def make_peft_adapter(
     return PeftAdapter(out, logits)
 
 
-def write_peft(path: Path, spec: Any, seed: int = 0, r: int = 4) -> Path:
-    """A PEFT LoRA folder in the layout PEFT saves (q_proj, v_proj of every layer) for
-    a ``TinyLlamaSpec`` model, written without peft (for CLI tests)."""
+def write_peft(
+    path: Path, spec: Any, seed: int = 0, r: int = 4, targets: tuple = ("q_proj", "v_proj")
+) -> Path:
+    """A PEFT LoRA folder in the layout PEFT saves (``targets`` of every layer's
+    attention) for a ``TinyLlamaSpec`` model, written without peft (for CLI tests)."""
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(seed)
     h = spec.hidden_size
     kv = spec.num_key_value_heads * (h // spec.num_attention_heads)
+    rows = {"q_proj": h, "k_proj": kv, "v_proj": kv}
     tensors = {}
     for i in range(spec.num_hidden_layers):
-        for mod, out in (("q_proj", h), ("v_proj", kv)):
+        for mod in targets:
             key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
             tensors[f"{key}.lora_A.weight"] = rng.standard_normal((r, h)).astype(np.float32) * 0.2
-            tensors[f"{key}.lora_B.weight"] = rng.standard_normal((out, r)).astype(np.float32) * 0.2
+            b = rng.standard_normal((rows[mod], r)).astype(np.float32) * 0.2
+            tensors[f"{key}.lora_B.weight"] = b
     path.mkdir(parents=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": list(targets)}
     (path / "adapter_config.json").write_text(json.dumps(config))
     return path
