@@ -15,20 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-VOCAB = 96
-CONFIG = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
+VOCAB = 128
+# a small LlamaForCausalLM: GQA (4 query heads on 2 KV heads), untied head, SwiGLU 2x
+CONFIG = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)  # fmt: skip
 IDS = [int(i) for i in np.random.default_rng(1).integers(3, VOCAB, 40)]
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
