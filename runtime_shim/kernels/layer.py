@@ -82,7 +82,7 @@ class CompositeLayer:
             ins = _activations(k, h, qkv, act)
             if ins is None:
                 return LayerResult(None, Fallback.ATTENTION_INPUT)
-        lora = ctx.lora
+        lora = getattr(ctx, "lora", None)  # contexts made before adapters lack it
         q = _adapted(k.matmul(ins[0], lw.q), lora, "q", ins[0]).reshape(t, nh, hd)
         kk = _adapted(k.matmul(ins[1], lw.k), lora, "k", ins[1]).reshape(t, nkv, hd)
         v = _adapted(k.matmul(ins[2], lw.v), lora, "v", ins[2]).reshape(t, nkv, hd)

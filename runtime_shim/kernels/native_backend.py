@@ -253,7 +253,7 @@ class NativeKernels(CompositeLayer):
             and all(_bound(lin) for lin in lw.linears)
         ):
             gap = _native_gap(lw, ctx)
-            if gap is None and ctx.lora is not None and not self._fused_lora:
+            if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
                 gap = NativeGap.ADAPTER
             if gap is None:
                 out, reason = self.mod.decoder_layer(lw, x, ctx)

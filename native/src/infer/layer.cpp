@@ -349,6 +349,16 @@ py::object get(const py::handle& o, const char* name) {
     return py::reinterpret_steal<py::object>(v);
 }
 
+// An optional attribute (contexts built before it existed lack it): None when absent.
+py::object get_or_none(const py::handle& o, const char* name) {
+    PyObject* v = PyObject_GetAttr(o.ptr(), interned(name));
+    if (v == nullptr) {
+        PyErr_Clear();
+        return py::none();
+    }
+    return py::reinterpret_steal<py::object>(v);
+}
+
 bool is_f32(const py::array& a) {
     return a.dtype().kind() == 'f' && a.itemsize() == 4 && a.dtype().byteorder() != '>';
 }
@@ -527,7 +537,7 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     a.gate_up_group = group_attr(lw, "gate_up_group", H);
     if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");
     if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
-    bind_lora(get(ctx, "lora"), a, keep);
+    bind_lora(get_or_none(ctx, "lora"), a, keep);
 
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
