@@ -127,3 +127,34 @@ def test_adapter_release_records_its_binding(files, tmp_path):
     )
     back = ReleaseInfo.from_target(info.path, info.length, {"sha256": info.sha256}, info.custom())
     assert back == info and back.is_adapter
+
+
+def test_published_adapter_release_is_planned_for_its_base(files, tmp_path):
+    from edgepack.runtime_shim.capabilities import runtime_capabilities
+    from edgepack.server.http.planner import plan_update
+    from edgepack.server.http.schemas import UpdateCheck
+    from edgepack.server.releases.repository import ReleaseRepository
+    from edgepack.server.store import open_store
+
+    st, keys = ["--store", str(tmp_path / "st")], ["--keys-dir", str(tmp_path / "keys")]
+    apkg = tmp_path / "a.epk"
+    pack = ["pack-adapter", str(files["base"]), str(files["peft"]), "-o", str(apkg)]
+    steps = [
+        ["repo", "init", *st, *keys],
+        ["publish", str(files["base"]), *st, *keys, "--channel", "beta", "--model", "tiny"],
+        [*pack, "--model-version", "1.0.1"],
+        ["publish", str(apkg), *st, *keys, "--channel", "beta", "--model", "tiny"],
+    ]
+    for args in steps:
+        assert main([*args, "-q"]) == 0, args
+    index = ReleaseRepository(open_store(str(tmp_path / "st"))).index()
+    caps = runtime_capabilities()
+    base_sha = next(r.sha256 for r in index.releases("tiny", "beta") if not r.is_adapter)
+    check = {
+        "device_id": "d1", "runtime_version": caps.runtime_version, "channel": "beta",
+        "model": "tiny", "free_bytes": 10**9, "operators": dict(caps.operators),
+        "operator_set_version": max(caps.operator_set_versions), "installed_sha256": base_sha,
+    }  # fmt: skip
+    plan = plan_update(index, UpdateCheck.model_validate(check))
+    assert plan.plan == "adapter" and plan.bytes == apkg.stat().st_size
+    assert plan.targets[0].kind == "adapter" and plan.targets[0].path.endswith("1.0.1.epk")
