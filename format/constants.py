@@ -102,3 +102,8 @@ class SignatureAlgorithm(enum.IntEnum):
 # The custom field of a release's TUF target info: the publisher (server) writes it, the
 # device's update client reads it; both ask here.
 TUF_CUSTOM_KEY = "edgepack"
+# Operator an adapter-only package requires (the runtime applies LoRA sections online).
+LORA_OPERATOR = "apply.lora"
+# What a device's update check lists among its operators when its client installs
+# ``adapter`` plans; the server plans none for a device without it.
+ADAPTER_PLAN_OPERATOR = "update.adapter_plan"

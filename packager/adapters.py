@@ -25,6 +25,7 @@ from edgepack.format.adapter import (
     decode_adapter,
     encode_adapter,
 )
+from edgepack.format.constants import LORA_OPERATOR
 from edgepack.format.output_file import check_output_path
 from edgepack.format.weights_digest import weights_digest
 from edgepack.format.writer import PackageSizer
@@ -153,7 +154,7 @@ def write_adapter_package(
     provenance = Provenance(
         tool="edgepack", tool_version=runtime_version(), recipe={"command": "adapter"}
     )
-    ops = [(f"arch.{identity.architecture}", 1)]
+    ops = [(f"arch.{identity.architecture}", 1), (LORA_OPERATOR, 1)]
     with PackageWriter(out, identity, required_operators=ops, provenance=provenance) as w:
         for payload in payloads:
             _add_payload(w, payload)

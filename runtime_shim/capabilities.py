@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from edgepack.format import Encoding, RuntimeCapabilities
+from edgepack.format.constants import LORA_OPERATOR
 from edgepack.format.encodings import REGISTRY
 
 __all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
@@ -18,6 +19,7 @@ __all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
 RUNTIME_OPERATORS: dict[str, int] = {
     **{r.operator: 1 for r in REGISTRY},
     "arch.llama": 1,
+    LORA_OPERATOR: 1,  # LORA_ADAPTER sections applied per session (runtime_shim/adapters)
 }
 
 

@@ -19,7 +19,9 @@ Adapter-only releases (``ReleaseInfo.adapter_for``: the weights digests their Lo
 adapters are bound to) are never a base to install. When the device keeps its release
 (up to date, or newer than the target) and an adapter release on the channel is bound to
 that release's weights, is compatible, in its cohort, not among the ``adapters`` the
-device reports (their sha256) and fits, the plan is ``adapter``: download just it.
+device reports (their sha256) and fits, the plan is ``adapter``: download just it. Only
+a device whose client installs adapter plans (it lists ``ADAPTER_PLAN_OPERATOR`` among
+its operators) is offered one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgepack.format import RuntimeCapabilities
+from edgepack.format.constants import ADAPTER_PLAN_OPERATOR
 
 from ..releases.model import ReleaseIndex, ReleaseInfo, semver_precedence
 from .schemas import InsufficientStorage, TargetRef, UpdateCheck, UpdatePlan
@@ -137,7 +140,7 @@ def _adapter_plan(
 ) -> UpdatePlan | None:
     """An ``adapter`` plan for the newest adapter release bound to ``kept``'s weights
     that the device lacks and can hold, or None."""
-    if not kept.weights_digest:
+    if not kept.weights_digest or ADAPTER_PLAN_OPERATOR not in req.operators:
         return None
     have = set(req.adapters)
     for a in reversed(adapters):  # newest first

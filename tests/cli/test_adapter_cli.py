@@ -130,6 +130,7 @@ def test_adapter_release_records_its_binding(files, tmp_path):
 
 
 def test_published_adapter_release_is_planned_for_its_base(files, tmp_path):
+    from edgepack.format.constants import ADAPTER_PLAN_OPERATOR
     from edgepack.runtime_shim.capabilities import runtime_capabilities
     from edgepack.server.http.planner import plan_update
     from edgepack.server.http.schemas import UpdateCheck
@@ -152,7 +153,8 @@ def test_published_adapter_release_is_planned_for_its_base(files, tmp_path):
     base_sha = next(r.sha256 for r in index.releases("tiny", "beta") if not r.is_adapter)
     check = {
         "device_id": "d1", "runtime_version": caps.runtime_version, "channel": "beta",
-        "model": "tiny", "free_bytes": 10**9, "operators": dict(caps.operators),
+        "model": "tiny", "free_bytes": 10**9,
+        "operators": {**caps.operators, ADAPTER_PLAN_OPERATOR: 1},  # a client installing them
         "operator_set_version": max(caps.operator_set_versions), "installed_sha256": base_sha,
     }  # fmt: skip
     plan = plan_update(index, UpdateCheck.model_validate(check))
