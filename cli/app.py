@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "release_commands",
     "serve_commands",
     "resign_commands",
+    "adapter_commands",
     "update_commands",
     "tuf_client_commands",
     "export_commands",

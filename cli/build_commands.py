@@ -53,6 +53,13 @@ if TYPE_CHECKING:
     help="Held-out text: PPL, KL and top-1 of the package against the float model.",
 )
 @prefix_options
+@click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="PEFT LoRA folder to pack as a section bound to the built weights; repeatable.",
+)
 def build(
     src: str,
     out: str,
@@ -70,6 +77,7 @@ def build(
     eval_file: str | None,
     card: dict,
     prefixes: PrefixRequest | None,
+    adapters: tuple[str, ...],
 ) -> None:
     """Calibrate, search a mixed-precision plan within budgets, quantize and package."""
     from edgepack.format import load_private_key
@@ -104,6 +112,7 @@ def build(
             eval_file=eval_file,
             card=card,
             prefixes=prefixes,
+            adapters=adapters,
         )
     record(**result.to_json())
     for line in result.summary():

@@ -9,6 +9,7 @@ from typing import Any
 from edgepack.format import Encoding, Package
 from edgepack.format.model_card import CARD_FIELDS, read_model_card
 
+from .describe_adapters import adapter_lines, adapters_to_json
 from .describe_prefix import describe_prefix_caches, prefix_caches_json
 
 
@@ -58,6 +59,7 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
             }
             for s in h.sections
         ],
+        "adapters": adapters_to_json(pkg),
         "tensors": [
             {
                 "name": t.name,
@@ -97,6 +99,7 @@ def describe_header(pkg: Package) -> str:
             f"    {s.kind_name:<18} {s.name:<20} {s.uncompressed_length:>12,} B"
             f"{comp}{' (required)' if s.required else ''}"
         )
+    lines += adapter_lines(adapters_to_json(pkg))
     per_enc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     total_params = 0
     for t in h.tensors:

@@ -35,6 +35,7 @@ def _table() -> dict[type[BaseException], int]:
     """Error type -> exit code. Built on first use: the subsystems' error modules pull in
     their packages, and `edgepack --help` should not pay for that."""
     from edgepack.format.errors import (
+        AdapterMismatchError,
         CorruptPackageError,
         EdgepackError,
         EncodingError,
@@ -68,6 +69,7 @@ def _table() -> dict[type[BaseException], int]:
         EncodingError: EXIT_USAGE,
         InvalidThresholdError: EXIT_USAGE,
         OutputPathError: EXIT_USAGE,
+        AdapterMismatchError: EXIT_USAGE,  # use the adapter with the base it was made for
         # packager
         ImportModelError: EXIT_CORRUPT,
         InputError: EXIT_USAGE,

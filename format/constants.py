@@ -48,6 +48,11 @@ MAX_GROUP_SIZE = 4096
 MAX_PREFIX_DESCRIPTOR = 1 << 20
 MAX_PREFIX_ARRAYS = 16
 MAX_PREFIX_TOKENS = 1 << 20
+# LoRA adapter payloads (spec section 6.2, format/adapter.py). Real adapters: rank 4-256,
+# q/k/v/o/gate/up/down of up to ~100 layers (a few hundred targets), JSON tens of KiB.
+MAX_ADAPTER_JSON = 16 * 1024 * 1024
+MAX_ADAPTER_TARGETS = 65_536
+MAX_ADAPTER_RANK = 4096
 
 
 class SectionKind(enum.IntEnum):
@@ -102,3 +107,8 @@ class SignatureAlgorithm(enum.IntEnum):
 # The custom field of a release's TUF target info: the publisher (server) writes it, the
 # device's update client reads it; both ask here.
 TUF_CUSTOM_KEY = "edgepack"
+# Operator an adapter-only package requires (the runtime applies LoRA sections online).
+LORA_OPERATOR = "apply.lora"
+# What a device's update check lists among its operators when its client installs
+# ``adapter`` plans; the server plans none for a device without it.
+ADAPTER_PLAN_OPERATOR = "update.adapter_plan"

@@ -10,6 +10,9 @@ Programming mistakes (wrong argument types, misuse of an API) stay ``ValueError`
 from __future__ import annotations
 
 __all__ = [
+    "AdapterBaseError",
+    "AdapterMismatchError",
+    "AdapterTargetError",
     "CorruptPackageError",
     "EdgepackError",
     "EncodingError",
@@ -70,3 +73,15 @@ class EncodingError(EdgepackError):
 
 class InvalidThresholdError(EdgepackError, ValueError):
     """A signature threshold below 1 was asked for: it would accept unsigned input."""
+
+
+class AdapterMismatchError(EdgepackError):
+    """A well-formed LoRA adapter that does not fit the base it is used with."""
+
+
+class AdapterBaseError(AdapterMismatchError):
+    """The adapter was made for other weights (its base weights digest differs)."""
+
+
+class AdapterTargetError(AdapterMismatchError):
+    """The adapter's targets name no tensor of the base, or one of another shape."""

@@ -211,6 +211,12 @@ class PackageSizer:
 
     # -- results -------------------------------------------------------------------
     @property
+    def tensors(self) -> tuple[TensorEntry, ...]:
+        """The tensor entries added so far (what a weights digest is computed over; a
+        sizer's hashes are placeholders)."""
+        return tuple(self._layout.tensors)
+
+    @property
     def data_offset(self) -> int:
         """Where the data region starts: the first page after preamble and header."""
         return self._layout.encode()[1]

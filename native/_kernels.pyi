@@ -376,6 +376,7 @@ def kv_read(
 # The fallback reasons decoder_layer returns, by stable code (native/src/infer/fallback.h);
 # mirrored by edgepack.runtime_shim.kernels.Fallback.
 FALLBACK_REASONS: dict[int, str]
+DECODER_LAYER_LORA: bool  # decoder_layer applies ctx.lora (a LoRA adapter) itself
 
 def decoder_layer(
     lw: object, x: npt.NDArray[np.float32], ctx: object

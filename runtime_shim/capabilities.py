@@ -8,6 +8,7 @@ native kernels where built); ``arch.*`` are the model architectures the shim run
 from __future__ import annotations
 
 from edgepack.format import Encoding, RuntimeCapabilities
+from edgepack.format.constants import LORA_OPERATOR
 from edgepack.format.encodings import REGISTRY
 
 __all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
@@ -16,6 +17,7 @@ __all__ = ["RUNTIME_OPERATORS", "runtime_capabilities", "runtime_version"]
 RUNTIME_OPERATORS: dict[str, int] = {
     **{r.operator: 1 for r in REGISTRY},
     "arch.llama": 1,
+    LORA_OPERATOR: 1,  # LORA_ADAPTER sections applied per session (runtime_shim/adapters)
 }
 
 

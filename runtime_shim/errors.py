@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import enum
 
-from edgepack.format.errors import CorruptPackageError, EdgepackError, IncompatiblePackageError
+from edgepack.format.errors import (
+    AdapterBaseError,
+    AdapterMismatchError,
+    AdapterTargetError,
+    CorruptPackageError,
+    EdgepackError,
+    IncompatiblePackageError,
+)
 
 __all__ = [
+    "AdapterBaseError",  # the adapter errors live in the format's tree (merge raises them too)
+    "AdapterMismatchError",
+    "AdapterTargetError",
     "ChatTemplateError",
     "CorruptSessionError",
     "InvalidRequestError",

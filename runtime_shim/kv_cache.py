@@ -438,15 +438,19 @@ class KVPool:
         self._cache.clear()
         self._hash_of.clear()
 
-    def sequence(self) -> Sequence:
-        return Sequence(self)
+    def sequence(self, salt: bytes = b"") -> Sequence:
+        """A new sequence; ``salt`` (an adapter's identity) keys its blocks apart from
+        those computed under another salt, so the prefix cache never mixes them."""
+        return Sequence(self, salt)
 
 
 class Sequence:
     """A block table and the token ids whose K/V it holds (positions ``0..length-1``)."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, salt: bytes = b"") -> None:
         self.pool = pool
+        self.salt = salt
+        self.root = pool.root if not salt else block_hash(pool.root + salt, [])
         self.blocks: list[int] = []
         self.tokens: list[int] = []
         self.hashes: list[bytes] = []  # chain hash of each full block, in order
@@ -496,7 +500,7 @@ class Sequence:
         self._pending = []
         while len(self.hashes) < self.length // bs:
             k = len(self.hashes)
-            parent = self.hashes[-1] if self.hashes else self.pool.root
+            parent = self.hashes[-1] if self.hashes else self.root
             h = block_hash(parent, self.tokens[k * bs : (k + 1) * bs])
             self.hashes.append(h)
             self.pool.register(self.blocks[k], h)
@@ -517,7 +521,7 @@ class Sequence:
         while self.length + bs <= limit:
             k = self.length // bs
             chunk = tokens[k * bs : (k + 1) * bs]
-            parent = self.hashes[-1] if self.hashes else pool.root
+            parent = self.hashes[-1] if self.hashes else self.root
             h = block_hash(parent, chunk)
             b = pool.lookup(h)
             if b is None:
@@ -535,7 +539,7 @@ class Sequence:
 
     def fork(self) -> Sequence:
         """A new sequence sharing every block (copy-on-write on the next write)."""
-        other = Sequence(self.pool)
+        other = Sequence(self.pool, self.salt)
         nb = -(-self.length // self.pool.block_size)
         other.blocks = list(self.blocks[:nb])
         for b in other.blocks:

@@ -28,6 +28,7 @@ from edgepack.format.signing import (
     verify_signature_block,
 )
 
+from .adapters import ActiveAdapter, AdapterHandle
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
 from .errors import InvalidRequestError, NumericError
@@ -132,7 +133,9 @@ def open(
     except BaseException:
         pkg.close()
         raise
-    return Model(pkg, cfg, weights, k, kv_config, activations, prefill_chunk)
+    model = Model(pkg, cfg, weights, k, kv_config, activations, prefill_chunk)
+    model.adapter_trust = (keys, threshold, require_signature)
+    return model
 
 
 def load_trusted_keys(trusted_keys: Iterable[Any] | None) -> list[Any] | None:
@@ -185,6 +188,9 @@ class Model:
         self._default_session = None
         self._warned_nonfinite = False
         self._stop_ids: set[int] | None = None
+        self.adapters: list[AdapterHandle] = []  # loaded by load_adapter, any session's pick
+        # (trusted keys, threshold, require_signature) adapter-only packages are checked with
+        self.adapter_trust: tuple[list[Any] | None, int, bool] = (None, 1, False)
         kernels.bind([lin for layer in weights.layers for lin in layer.linears])
         kernels.bind([weights.output])
         try:  # stored prefix KV caches: hash-checked, bound to this model, or ignored
@@ -250,18 +256,48 @@ class Model:
             self._stop_ids = ids
         return set(self._stop_ids)
 
+    # -- adapters --------------------------------------------------------------------------
+    def load_adapter(
+        self, source: str | os.PathLike[str] | None = None, *, name: str | None = None
+    ) -> AdapterHandle:
+        """Load a LoRA adapter for sessions to pick (``session(adapter=handle)``): a
+        LORA_ADAPTER section of this model's package (``source`` None) or of the package at
+        ``source`` (an adapter-only one), named ``name`` when there are several. Refused
+        (:class:`~edgepack.format.errors.AdapterMismatchError`) unless made for these
+        weights. The base is not read again: the adapter's factors are all it holds."""
+        from .adapters_loading import load_adapter
+
+        handle = load_adapter(self, source, name)
+        self.adapters.append(handle)
+        return handle
+
+    def _active_adapter(self, handle: AdapterHandle | None, scale: float) -> ActiveAdapter | None:
+        if handle is None:
+            return None
+        if not any(h is handle for h in self.adapters):
+            raise InvalidRequestError(f"adapter {handle.name!r} was not loaded by this model")
+        return ActiveAdapter.of(handle, float(scale), self.config.num_layers)
+
     # -- sessions --------------------------------------------------------------------------
-    def session(self):  # -> Session
+    def session(self, adapter: AdapterHandle | None = None, adapter_scale: float = 1.0):
+        """A new :class:`~.session.Session`, with ``adapter`` (a :meth:`load_adapter`
+        handle) applied at ``adapter_scale``, or none."""
         from .session import Session
 
-        return Session(self)
+        return Session(self, adapter, adapter_scale)
 
-    def restore(self, path: str | os.PathLike[str]):  # -> Session
+    def restore(
+        self,
+        path: str | os.PathLike[str],
+        adapter: AdapterHandle | None = None,
+        adapter_scale: float = 1.0,
+    ):  # -> Session
         """A session continuing from one saved with ``Session.save`` (refused with
-        :class:`~.errors.SessionMismatchError` if saved for other weights or KV layout)."""
+        :class:`~.errors.SessionMismatchError` if saved for other weights, another
+        adapter or scale, or another KV layout)."""
         from .session_file import restore_session
 
-        return restore_session(self, path)
+        return restore_session(self, path, adapter, adapter_scale)
 
     def _session(self):
         if self._default_session is None:
@@ -288,6 +324,7 @@ class Model:
         stats: ForwardStats | None = None,
         collect: dict[str, list[np.ndarray]] | None = None,
         teacher: dict[str, np.ndarray] | None = None,
+        adapter: ActiveAdapter | None = None,
     ) -> np.ndarray | None:
         """Run ``tokens`` after what ``seq`` holds, writing their K/V into it.
 
@@ -296,7 +333,7 @@ class Model:
         ``norm``); with ``teacher`` (such hidden states of another run over the same
         tokens) every layer takes its input from there instead of the previous layer
         (per-layer error without accumulation; the final norm and head take this run's
-        last layer). Both serve :mod:`.compare`.
+        last layer). Both serve :mod:`.compare`. ``adapter``: the session's LoRA adapter.
         """
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -307,7 +344,9 @@ class Model:
                 f"{self.config.max_position_embeddings}"
             )
         with self.lock:
-            return self._forward(seq, tokens, logits, stats or ForwardStats(), collect, teacher)
+            return self._forward(
+                seq, tokens, logits, stats or ForwardStats(), collect, teacher, adapter
+            )
 
     def _forward(
         self,
@@ -317,6 +356,7 @@ class Model:
         stats: ForwardStats,
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None,
+        adapter: ActiveAdapter | None = None,
     ) -> np.ndarray | None:
         outs = []
         step = self.prefill_chunk
@@ -326,7 +366,7 @@ class Model:
             forced = None
             if teacher is not None:
                 forced = {k: v[c0 : c0 + len(chunk)] for k, v in teacher.items()}
-            x = self._forward_chunk(seq, chunk, stats, collect, forced)
+            x = self._forward_chunk(seq, chunk, stats, collect, forced, adapter)
             if logits == "all":
                 outs.append(self._head(x, stats))
             elif logits == "last" and last_chunk:
@@ -342,6 +382,7 @@ class Model:
         stats: ForwardStats,
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None = None,
+        adapter: ActiveAdapter | None = None,
     ) -> np.ndarray:
         cfg, k = self.config, self.kernels
         start = seq.length
@@ -376,6 +417,7 @@ class Model:
                 window=cfg.windows[lw.index],
                 attn_scale=cfg.attention_scale,
                 attn_softcap=cfg.attn_softcap,
+                lora=None if adapter is None else adapter.layers[lw.index],
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
@@ -419,5 +461,5 @@ class Model:
             stats.record_fallback("head", Fallback.HEAD_INPUT.value)
         return k.matmul(x, out)
 
-    def new_sequence(self) -> KVSequence:
-        return self.kv_pool.sequence()
+    def new_sequence(self, salt: bytes = b"") -> KVSequence:
+        return self.kv_pool.sequence(salt)

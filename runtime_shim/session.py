@@ -8,6 +8,7 @@ extended from the model-wide prefix cache where full blocks match.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,18 +26,21 @@ from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
 
 if TYPE_CHECKING:
+    from .adapters import ActiveAdapter, AdapterHandle
     from .model import Model
 
 __all__ = ["Session"]
 
 
 class Session:
-    def __init__(self, model: Model) -> None:
+    def __init__(
+        self, model: Model, adapter: AdapterHandle | None = None, adapter_scale: float = 1.0
+    ) -> None:
         self.model = model
-        self.seq = model.new_sequence()
+        self.adapter: ActiveAdapter | None = model._active_adapter(adapter, adapter_scale)
+        self.seq = model.new_sequence(self._salt)
         self.forward_stats = ForwardStats()  # cumulative
         self.stats = GenerationStats(kernel_path=model.kernel_path, kv_mode=model.kv_mode)
-        self.adapter_digest = NO_ADAPTER  # the LoRA adapter's digest (b"": none), for bindings
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -58,9 +62,32 @@ class Session:
         except Exception:
             pass
 
+    @property
+    def adapter_digest(self) -> bytes:
+        """What K/V bindings (saved sessions, prefix caches) name for this session's
+        adapter: none, or a digest of the adapter and its scale (both decide the K/V)."""
+        if self.adapter is None:
+            return NO_ADAPTER
+        return hashlib.sha256(self.adapter.salt).digest()
+
+    @property
+    def _salt(self) -> bytes:
+        return b"" if self.adapter is None else self.adapter.salt
+
+    def use_adapter(self, adapter: AdapterHandle | None, scale: float = 1.0) -> None:
+        """Switch this session to ``adapter`` at ``scale`` (or none). The context computed
+        under the previous choice is dropped (its K/V are the old adapter's); the base is
+        untouched."""
+        active = self.model._active_adapter(adapter, scale)
+        with self.model.lock:
+            self.seq.release()
+            self.adapter = active
+            self.seq = self.model.new_sequence(self._salt)
+
     def fork(self) -> Session:
         """A new session continuing from this one's context (blocks shared, COW)."""
         other = Session(self.model)
+        other.adapter = self.adapter
         with self.model.lock:
             other.seq = self.seq.fork()
         return other
@@ -84,9 +111,11 @@ class Session:
         """``float32 [T, vocab]`` logits of every position of ``ids`` (from position 0,
         on a scratch sequence; this session's context is untouched)."""
         ids = self.encode(ids) if isinstance(ids, str) else [int(i) for i in ids]
-        seq = self.model.new_sequence()
+        seq = self.model.new_sequence(self._salt)
         try:
-            out = self.model.forward(seq, ids, logits="all", stats=self.forward_stats)
+            out = self.model.forward(
+                seq, ids, logits="all", stats=self.forward_stats, adapter=self.adapter
+            )
         finally:
             with self.model.lock:
                 seq.release()
@@ -99,7 +128,7 @@ class Session:
         """Hidden states after the embedding, every layer and the final norm, plus
         ``logits``: each ``[T, ...]`` float32 (for :mod:`.compare`). With ``teacher``
         (another run's hidden states) each layer's input comes from there."""
-        seq = self.model.new_sequence()
+        seq = self.model.new_sequence(self._salt)
         collect: dict[str, list[np.ndarray]] = {}
         try:
             logits = self.model.forward(
@@ -109,6 +138,7 @@ class Session:
                 stats=self.forward_stats,
                 collect=collect,
                 teacher=teacher,
+                adapter=self.adapter,
             )
         finally:
             with self.model.lock:
@@ -225,7 +255,9 @@ class Session:
         t0 = time.perf_counter()
         cached = self._reuse(ids)
         stats.cached_prompt_tokens = cached
-        logits = model.forward(self.seq, ids[cached:], stats=self.forward_stats)
+        logits = model.forward(
+            self.seq, ids[cached:], stats=self.forward_stats, adapter=self.adapter
+        )
         assert logits is not None
         max_ctx = model.config.max_position_embeddings
         detok = model.tokenizer.stream() if mode == "text" else None
@@ -281,7 +313,9 @@ class Session:
                     stats.finish_reason = "context"
                     break
                 if lk is None:
-                    logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+                    logits = model.forward(
+                        self.seq, [tid], stats=self.forward_stats, adapter=self.adapter
+                    )
                     assert logits is not None
                 else:
                     room = min(max_tokens - len(generated), max_ctx - self.seq.length) - 1
@@ -324,16 +358,21 @@ class Session:
         draft = lk.propose(room)
         t0 = time.perf_counter()
         if not draft:
-            logits = model.forward(self.seq, [tid], stats=self.forward_stats)
+            logits = model.forward(self.seq, [tid], stats=self.forward_stats, adapter=self.adapter)
             lk.timed(1, time.perf_counter() - t0)
             return logits, []
         try:
-            rows = model.forward(self.seq, [tid, *draft], logits="all", stats=self.forward_stats)
+            rows = model.forward(
+                self.seq, [tid, *draft], logits="all", stats=self.forward_stats,
+                adapter=self.adapter,
+            )
         except KVCacheFullError:  # drafts need a block plain decoding would not: stop them
             with model.lock:
                 self.seq.truncate(self.seq.length)  # return blocks the pass reserved
             lk.off = True
-            return model.forward(self.seq, [tid], stats=self.forward_stats), []
+            return model.forward(
+                self.seq, [tid], stats=self.forward_stats, adapter=self.adapter
+            ), []
         assert rows is not None
         lk.timed(len(draft) + 1, time.perf_counter() - t0)
         chosen: list[int] = []
@@ -356,7 +395,8 @@ class Session:
             common = min(self.seq.common_prefix(ids), limit)
             if common < self.seq.length:
                 self.seq.truncate(common)
-            self.seq = self.model.prefix_store.attach(self.seq, ids, limit)
+            if self.adapter is None:  # stored prefixes hold K/V computed without one
+                self.seq = self.model.prefix_store.attach(self.seq, ids, limit)
             self.seq.attach_prefix(ids, limit)
             return self.seq.length
 

@@ -28,6 +28,7 @@ from .errors import CorruptSessionError, InvalidRequestError, SessionMismatchErr
 from .prefix_cache import kv_pages, layout_mismatch, model_binding, write_pages
 
 if TYPE_CHECKING:
+    from .adapters import AdapterHandle
     from .model import Model
     from .session import Session
 
@@ -91,23 +92,28 @@ def read_session_file(path: str | os.PathLike[str]) -> PrefixCache:
         raise CorruptSessionError(f"{path}: {exc}") from None
 
 
-def restore_session(model: Model, path: str | os.PathLike[str], adapter: bytes = b"") -> Session:
+def restore_session(
+    model: Model,
+    path: str | os.PathLike[str],
+    adapter: AdapterHandle | None = None,
+    adapter_scale: float = 1.0,
+) -> Session:
     """A new session of ``model`` continuing from the one saved at ``path``; refused with
     :class:`SessionMismatchError` when the file was made for anything else."""
     from .session import Session
 
     cache = read_session_file(path)
-    field = cache.binding.mismatch(model_binding(model, adapter))
+    session = Session(model, adapter, adapter_scale)
+    field = cache.binding.mismatch(model_binding(model, session.adapter_digest))
     if field is None:
         field = layout_mismatch(cache, model.kv_pool)
     if field is not None:
+        session.close()
         raise SessionMismatchError(
             f"{path}: saved for another {field} than this model runs; it would continue "
             "from the wrong K/V, so it is not restored",
             field,
         )
-    session = Session(model)
-    session.adapter_digest = adapter
     with model.lock:
         write_pages(session.seq, cache.tokens.tolist(), cache.arrays)
     return session

@@ -75,12 +75,14 @@ def build(
     prefixes: PrefixRequest | None = None,
     eval_file: str | Path | None = None,
     card: Fields | None = None,
+    adapters: Sequence[str | Path] = (),
 ) -> BuildResult:
     """Build ``out`` from ``src`` following ``recipe`` (see the package docstring).
     ``model_name`` defaults to the source's (made valid); the version fields are checked
     before the source is read. ``eval_file`` (default: the recipe's ``[eval] file``):
     held-out text the written package is scored on against the float model. ``card``:
-    model-card fields the user gave, over the source's (:mod:`..model_card`)."""
+    model-card fields the user gave, over the source's (:mod:`..model_card`).
+    ``adapters``: PEFT folders packed as LORA_ADAPTER sections bound to the built weights."""
     from edgepack.runtime_shim.instrument import set_blas_threads
 
     check_release_fields(model_version, min_runtime_version)
@@ -104,7 +106,11 @@ def build(
     name = given_name or resolve_model_name(None, fm.identity.name)
     fm.identity = replace(fm.identity, name=name, version=model_version)
     fm.card = merge_card(fm.card, dict(card or {}))
-    release = {"min_runtime_version": min_runtime_version}
+    release: dict[str, Any] = {"min_runtime_version": min_runtime_version}
+    if adapters:
+        from ..adapters import build_adapter_sources
+
+        release["adapters"] = build_adapter_sources(adapters)
     try:
         if held_out is not None:  # before the minutes of building
             check_eval_text(fm, held_out, recipe)

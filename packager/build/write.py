@@ -39,6 +39,7 @@ class PackageContent:
     sections: Sections
     recipe: Recipe
     min_runtime_version: str | None = None  # None: this runtime
+    adapters: tuple[Any, ...] = ()  # packager.adapters.AdapterSource, packed as sections
 
 
 def _metadata(c: PackageContent) -> dict[str, Any]:
@@ -82,6 +83,10 @@ def _emit(w: PackageSizer, c: PackageContent) -> None:
             w.add_low_rank(t.name, t.shape, factor_names(t.name), opt.rank)
     for kind, data, name, media in c.sections:
         w.add_section(kind, data, name=name, media_type=media)
+    if c.adapters:
+        from ..adapters import add_adapter_sections
+
+        add_adapter_sections(w, c.adapters)
 
 
 def package_size(c: PackageContent, sign_keys: Sequence[object]) -> tuple[int, int]:

@@ -45,6 +45,7 @@ class NativeGap(str, enum.Enum):
     in the native layer now; only a V group the native cache lacks is left.)"""
 
     KV_GROUP = "quantized KV cache of a V group or head_dim native lacks (numpy attention)"
+    ADAPTER = "a LoRA adapter on the layer (chained native ops plus the adapter's matmuls)"
 
     def __str__(self) -> str:
         return self.value

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..kv_cache import LayerKV
 from ..weights import LayerWeights, Linear
 from .fallback import Fallback
+
+if TYPE_CHECKING:
+    from ..adapters import LayerLora
 
 __all__ = [
     "ACT_SCALE_MAX",
@@ -75,6 +78,7 @@ class LayerContext:
     window: int | None = None  # sliding window: query at p sees keys at p - window < pos <= p
     attn_scale: float | None = None  # scores scale (None: 1/sqrt(head_dim))
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask
+    lora: LayerLora | None = None  # the session's adapter on this layer (runtime_shim/adapters)
 
     @property
     def windowed(self) -> bool:

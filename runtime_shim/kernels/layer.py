@@ -15,7 +15,7 @@ recompute the layer with float activations.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from ..errors import NumericError
 from ..weights import LayerWeights, Linear
 from .fallback import Fallback
 from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations
+
+if TYPE_CHECKING:
+    from ..adapters import LayerLora
 
 __all__ = ["CompositeLayer"]
 
@@ -79,9 +82,10 @@ class CompositeLayer:
             ins = _activations(k, h, qkv, act)
             if ins is None:
                 return LayerResult(None, Fallback.ATTENTION_INPUT)
-        q = k.matmul(ins[0], lw.q).reshape(t, nh, hd)
-        kk = k.matmul(ins[1], lw.k).reshape(t, nkv, hd)
-        v = k.matmul(ins[2], lw.v).reshape(t, nkv, hd)
+        lora = getattr(ctx, "lora", None)  # contexts made before adapters lack it
+        q = _adapted(k.matmul(ins[0], lw.q), lora, "q", ins[0]).reshape(t, nh, hd)
+        kk = _adapted(k.matmul(ins[1], lw.k), lora, "k", ins[1]).reshape(t, nkv, hd)
+        v = _adapted(k.matmul(ins[2], lw.v), lora, "v", ins[2]).reshape(t, nkv, hd)
         if lw.q_norm is not None and lw.k_norm is not None:  # per-head RMSNorm (qwen3)
             q = k.rmsnorm(q.reshape(t * nh, hd), lw.q_norm, ctx.eps).reshape(t, nh, hd)
             kk = k.rmsnorm(kk.reshape(t * nkv, hd), lw.k_norm, ctx.eps).reshape(t, nkv, hd)
@@ -99,7 +103,8 @@ class CompositeLayer:
         a_in = _activations(k, a, (lw.o,), act)
         if a_in is None:
             return LayerResult(None, Fallback.ATTENTION_OUTPUT)
-        x = _project_add(k, a_in[0], lw.o, x, lw.attn_post_norm, ctx.eps)
+        o_delta = None if lora is None else lora.delta("o", a_in[0])
+        x = _project_add(k, a_in[0], lw.o, x, lw.attn_post_norm, ctx.eps, o_delta)
 
         # FFN: norm (+ quantize), gate/up, SwiGLU (+ quantize), down
         gu = (lw.gate, lw.up)
@@ -113,27 +118,45 @@ class CompositeLayer:
             ins = _activations(k, k.rmsnorm(x, lw.ffn_norm, ctx.eps), gu, act)
             if ins is None:
                 return LayerResult(None, Fallback.FFN_INPUT)
-        g = k.matmul(ins[0], lw.gate)
-        u = k.matmul(ins[1], lw.up)
+        g = _adapted(k.matmul(ins[0], lw.gate), lora, "gate", ins[0])
+        u = _adapted(k.matmul(ins[1], lw.up), lora, "up", ins[1])
         if act and lw.down.is_quantized:
             s_in: Any = self._gated_quantize(g, u, ctx.activation, lw.down.act_group)
             if s_in.overflow:
                 return LayerResult(None, Fallback.FFN_HIDDEN)
         else:
             s_in = self._gated(g, u, ctx.activation)
-        x = _project_add(k, s_in, lw.down, x, lw.ffn_post_norm, ctx.eps)
+        down_delta = None if lora is None else lora.delta("down", s_in)
+        x = _project_add(k, s_in, lw.down, x, lw.ffn_post_norm, ctx.eps, down_delta)
         if not np.isfinite(x).all():
             return LayerResult(x, Fallback.NON_FINITE_OUTPUT)
         return LayerResult(x, None)
 
 
 def _project_add(
-    k: Any, a: Any, w: Linear, x: np.ndarray, post_norm: np.ndarray | None, eps: float
+    k: Any,
+    a: Any,
+    w: Linear,
+    x: np.ndarray,
+    post_norm: np.ndarray | None,
+    eps: float,
+    delta: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``x + a @ w``, the projection RMS-normed first where the model has sandwich norms."""
+    """``x + a @ w (+ delta)``, the projection (with an adapter's ``delta``) RMS-normed
+    first where the model has sandwich norms."""
     if post_norm is None:
-        return k.matmul(a, w, residual=x)
-    return x + k.rmsnorm(k.matmul(a, w), post_norm, eps)
+        out = k.matmul(a, w, residual=x)
+        return out if delta is None else out + delta
+    y = k.matmul(a, w)
+    return x + k.rmsnorm(y if delta is None else y + delta, post_norm, eps)
+
+
+def _adapted(y: np.ndarray, lora: LayerLora | None, slot: str, x: Any) -> np.ndarray:
+    """``y`` plus the session adapter's ``s * B A x`` where it adapts this projection."""
+    if lora is None:
+        return y
+    delta = lora.delta(slot, x)
+    return y if delta is None else y + delta
 
 
 def _activations(

@@ -74,6 +74,7 @@ class NativeKernels(CompositeLayer):
         self.missing = [op for op in KERNEL_OPS if op not in self.native_ops]
         self.isa = isa
         self._fused_layer = hasattr(module, "decoder_layer")
+        self._fused_lora = bool(getattr(module, "DECODER_LAYER_LORA", False))
         self._warned: set[str] = set()
         self.partial_matmul = False  # some weights could not be bound natively
 
@@ -265,6 +266,8 @@ class NativeKernels(CompositeLayer):
             and all(_bound(lin) for lin in lw.linears)
         ):
             gap = _native_gap(lw, ctx)
+            if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
+                gap = NativeGap.ADAPTER
             if gap is None:
                 out, reason = self.mod.decoder_layer(lw, x, ctx)
                 if reason != Fallback.KV_LAYOUT.value:

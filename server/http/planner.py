@@ -13,8 +13,15 @@ package - the smallest download whose storage need fits ``free_bytes`` wins:
   next to the downloaded delta).
 
 When nothing fits, the answer is :class:`InsufficientStorage` (HTTP 409), never a plan
-the device cannot finish. ``adapter`` is part of the wire format but not planned yet:
-releases do not record adapters until the adapter issue lands.
+the device cannot finish.
+
+Adapter-only releases (``ReleaseInfo.adapter_for``: the weights digests their LoRA
+adapters are bound to) are never a base to install. When the device keeps its release
+(up to date, or newer than the target) and an adapter release on the channel is bound to
+that release's weights, is compatible, in its cohort, not among the ``adapters`` the
+device reports (their sha256) and fits, the plan is ``adapter``: download just it. Only
+a device whose client installs adapter plans (it lists ``ADAPTER_PLAN_OPERATOR`` among
+its operators) is offered one.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgepack.format import RuntimeCapabilities
+from edgepack.format.constants import ADAPTER_PLAN_OPERATOR
 
 from ..releases.model import ReleaseIndex, ReleaseInfo, semver_precedence
 from .schemas import InsufficientStorage, TargetRef, UpdateCheck, UpdatePlan
@@ -58,7 +66,9 @@ def plan_update(
     *,
     on_demand: OnDemandDelta | None = None,
 ) -> UpdatePlan | InsufficientStorage:
-    releases = index.releases(req.model, req.channel)
+    everything = index.releases(req.model, req.channel)
+    releases = [r for r in everything if not r.is_adapter]
+    adapters = [r for r in everything if r.is_adapter]
     if not releases:
         return UpdatePlan(plan="none", reason=f"no release of {req.model} on {req.channel}")
     caps = capabilities_of(req)
@@ -84,11 +94,13 @@ def plan_update(
     note = f" ({'; '.join(passed_over)})" if passed_over else ""
     newest = f"the newest release on {req.channel} for this device"
     if req.installed_sha256 == target.sha256:
-        return _stay(target, f"up to date: {target.version} is {newest}{note}")
+        return _adapter_plan(adapters, target, req, caps) or _stay(
+            target, f"up to date: {target.version} is {newest}{note}"
+        )
     if installed is not None and semver_precedence(installed.version) > semver_precedence(
         target.version
     ):
-        return _stay(
+        return _adapter_plan(adapters, installed, req, caps) or _stay(
             installed,
             f"installed {installed.version} is newer than {target.version}, {newest} "
             "(versions never go down)",
@@ -121,6 +133,35 @@ def plan_update(
         targets=list(best.targets),
         reason=f"update to {target.version} on {req.channel}: {how}{note}",
     )
+
+
+def _adapter_plan(
+    adapters: list[ReleaseInfo], kept: ReleaseInfo, req: UpdateCheck, caps: RuntimeCapabilities
+) -> UpdatePlan | None:
+    """An ``adapter`` plan for the newest adapter release bound to ``kept``'s weights
+    that the device lacks and can hold, or None."""
+    if not kept.weights_digest or ADAPTER_PLAN_OPERATOR not in req.operators:
+        return None
+    have = set(req.adapters)
+    for a in reversed(adapters):  # newest first
+        if (
+            kept.weights_digest in a.adapter_for
+            and a.sha256 not in have
+            and a.in_rollout(req.device_id)
+            and a.length <= req.free_bytes
+            and a.requirements.check(caps)
+        ):
+            ref = TargetRef(path=a.path, length=a.length, sha256=a.sha256, kind="adapter")
+            return UpdatePlan(
+                plan="adapter",
+                release=a.version,
+                bytes=a.length,
+                sha256=a.sha256,
+                targets=[ref],
+                reason=f"adapter {a.path} for the installed {kept.version} "
+                f"(bound to its weights {kept.weights_digest[:12]})",
+            )
+    return None
 
 
 def _stay(release: ReleaseInfo, reason: str) -> UpdatePlan:

@@ -252,6 +252,13 @@ class ReleaseInfo:
     chunks: tuple[str, ...] = ()  # chunk_hashes() of the package, chunk_bytes each
     chunk_bytes: int = CHUNK_BYTES
     model_card: Mapping[str, Any] | None = None  # the package's, read at publish
+    weights_digest: str = ""  # hex weights digest of the package ("": not recorded)
+    # an adapter-only release: the weights digests its adapters are bound to
+    adapter_for: tuple[str, ...] = ()
+
+    @property
+    def is_adapter(self) -> bool:
+        return bool(self.adapter_for)
 
     @property
     def rollout_percent(self) -> float:
@@ -283,6 +290,8 @@ class ReleaseInfo:
                 **({"chunks": {"size": self.chunk_bytes, "sha256": list(self.chunks)}}
                    if self.chunks else {}),
                 **({"model_card": dict(self.model_card)} if self.model_card else {}),
+                **({"weights_digest": self.weights_digest} if self.weights_digest else {}),
+                **({"adapter_for": list(self.adapter_for)} if self.adapter_for else {}),
             }
         }
 
@@ -307,6 +316,8 @@ class ReleaseInfo:
             chunks=tuple(str(h) for h in (info.get("chunks") or {}).get("sha256", ())),
             chunk_bytes=int((info.get("chunks") or {}).get("size", CHUNK_BYTES)),
             model_card=_card(info.get("model_card")),
+            weights_digest=str(info.get("weights_digest", "")),
+            adapter_for=tuple(str(d) for d in info.get("adapter_for", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -324,6 +335,8 @@ class ReleaseInfo:
             "requirements": self.requirements.to_dict(),
             "deltas": [d.to_dict() for d in self.deltas],
             "model_card": dict(self.model_card) if self.model_card else None,
+            "weights_digest": self.weights_digest,
+            "adapter_for": list(self.adapter_for),
         }
 
 

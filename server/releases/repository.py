@@ -119,6 +119,8 @@ class PackageFacts:
     requirements: Requirements
     signers: tuple[str, ...]
     model_card: Mapping[str, Any] | None = None
+    weights_digest: str = ""  # hex, of the package's tensors
+    adapter_for: tuple[str, ...] = ()  # adapter-only package: the bases its adapters bind
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ def inspect_package(
         report = pkg.verify(keys or None, threshold=threshold)
         header = pkg.header
         card = read_model_card(pkg)
+        digest = pkg.weights_digest.hex() if header.tensors else ""
+        adapter_for = () if header.tensors else _adapter_bases(pkg)
     name = model or header.identity.name
     try:
         check_name("model", name)
@@ -164,7 +168,21 @@ def inspect_package(
         requirements=Requirements.from_header(header),
         signers=report.trusted_signers,
         model_card=card,
+        weights_digest=digest,
+        adapter_for=adapter_for,
     )
+
+
+def _adapter_bases(pkg: Package) -> tuple[str, ...]:
+    """The base weights digests of an adapter-only package's LORA_ADAPTER sections."""
+    from edgepack.format import SectionKind
+    from edgepack.format.adapter import decode_adapter
+
+    bases = {
+        decode_adapter(pkg.section(SectionKind.LORA_ADAPTER, s.name) or b"").base_digest.hex()
+        for s in pkg.sections(SectionKind.LORA_ADAPTER)
+    }
+    return tuple(sorted(bases))
 
 
 class ReleaseRepository:
@@ -528,6 +546,8 @@ class ReleaseRepository:
                 deltas=deltas,
                 chunks=chunk_hashes(facts.path),
                 model_card=facts.model_card,
+                weights_digest=facts.weights_digest,
+                adapter_for=facts.adapter_for,
             )
             _put_release(targets, release)
             versions = self._commit(repo, targets=targets)

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 import pytest
+from adapterfactory import write_peft
 from serveproc import ServeProcess
 
 from edgepack.cli import main
@@ -78,6 +79,10 @@ def _tuf(w: Path, url: str, tmp: Path) -> list[str]:
             "--target-dir", str(tmp / "t"), "--target-name", "tiny/beta/tiny-1.0.0.epk"]
 
 
+def _peft(w: Path, tmp: Path) -> str:
+    return str(write_peft(tmp / "peft", TinyLlamaSpec(num_hidden_layers=1)))
+
+
 def _update(w: Path, url: str, tmp: Path) -> list[str]:
     return ["update", "--server", url, "--slot-dir", str(tmp / "slots"), "--device-id", "d1",
             "--channel", "beta", "--model", "tiny",
@@ -117,6 +122,10 @@ SUCCESS: dict[str, Any] = {
     "serve": lambda w, u, t: ["serve", "--store", str(w / "st")],
     "resign": lambda w, u, t: ["resign", str(w / "a.epk"), "-o", str(t / "r.epk"),
                                "--sign-key", str(w / "k.key"), "--model-version", "1.0.1"],
+    "pack-adapter": lambda w, u, t: ["pack-adapter", str(w / "a.epk"), _peft(w, t), "-o",
+                                     str(t / "ad.epk")],
+    "merge-lora": lambda w, u, t: ["merge-lora", str(w / "a.epk"), _peft(w, t), "-o",
+                                   str(t / "m.epk")],
     "update": _update,
     "export": lambda w, u, t: ["export", str(w / "a.epk"), "-o", str(t / "x.gguf")],
     "bench": lambda w, u, t: ["bench", str(w / "a.epk"), "-p", "8", "-n", "2", "-r", "1"],
@@ -161,6 +170,10 @@ FAILURE: dict[str, Any] = {
     "serve": (lambda w, t: ["serve", "--store", str(w / "st"), "--port", "0"], EXIT_USAGE),
     "resign": (lambda w, t: ["resign", str(w / "corrupt.epk"), "-o", str(t / "r"),
                              "--sign-key", str(w / "k.key")], EXIT_CORRUPT),
+    "pack-adapter": (lambda w, t: ["pack-adapter", str(w / "corrupt.epk"), _peft(w, t), "-o",
+                                   str(t / "ad.epk")], EXIT_CORRUPT),
+    "merge-lora": (lambda w, t: ["merge-lora", str(w / "a.epk"), str(w / "b.epk"), "-o",
+                                 str(t / "m.epk")], EXIT_USAGE),  # b.epk holds no adapter
     "update": (lambda w, t: ["update", "--server", "http://127.0.0.1:9", "--slot-dir",  # no
                              str(t / "s"), "--device-id", "d", "--channel", "beta",  # --model
                              "--trusted-root", str(w / "st" / "metadata" / "1.root.json")],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from edgepack.format.constants import OPERATOR_SET_VERSION
+from edgepack.format.constants import ADAPTER_PLAN_OPERATOR, OPERATOR_SET_VERSION
 from edgepack.server.http.planner import plan_update
 from edgepack.server.http.schemas import InsufficientStorage, TargetRef, UpdateCheck
 from edgepack.server.releases.model import DeltaInfo, ReleaseIndex, ReleaseInfo, Requirements
@@ -101,3 +103,48 @@ def test_request_bounds(fields: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         check(**fields)
     assert check(free_bytes=5.0).free_bytes == 5  # JSON Schema integers may be written 5.0
+
+
+ADAPTER_OPS = {**OPS, ADAPTER_PLAN_OPERATOR: 1}
+
+
+def _with_digest(r: ReleaseInfo, digest: str) -> ReleaseInfo:
+    return dataclasses.replace(r, weights_digest=digest)
+
+
+def _adapter_release(n: int, base_digest: str, length: int = 50) -> ReleaseInfo:
+    return dataclasses.replace(
+        release(f"1.0.{n}-adapter", n, length=length),
+        path=f"m/beta/m-adapter-{n}.epk",
+        adapter_for=(base_digest,),
+    )
+
+
+def test_adapter_release_for_the_installed_weights_is_planned() -> None:
+    base = _with_digest(V1, "ab" * 32)
+    ad = _adapter_release(7, "ab" * 32)
+    other = _adapter_release(8, "cd" * 32)
+    index = ReleaseIndex([base, ad, other])
+    assert plan_update(index, check(installed_sha256=base.sha256)).plan == "none"  # no opt-in
+    plan = plan_update(index, check(installed_sha256=base.sha256, operators=ADAPTER_OPS))
+    assert plan.plan == "adapter" and plan.sha256 == ad.sha256 and plan.bytes == 50
+    assert [t.kind for t in plan.targets] == ["adapter"]
+    # the device has it: nothing to do; an adapter is never a base to install
+    have = plan_update(
+        index, check(installed_sha256=base.sha256, adapters=[ad.sha256], operators=ADAPTER_OPS)
+    )
+    assert have.plan == "none" and have.release == "1.0.0"
+    fresh = plan_update(index, check())
+    assert fresh.plan == "full" and fresh.sha256 == base.sha256
+    tight = plan_update(
+        index, check(installed_sha256=base.sha256, free_bytes=10, operators=ADAPTER_OPS)
+    )
+    assert tight.plan == "none"
+
+
+def test_base_update_comes_before_an_adapter_of_the_old_weights() -> None:
+    old = _with_digest(V1, "ab" * 32)
+    new = _with_digest(release("1.1.0", 2), "ef" * 32)
+    index = ReleaseIndex([old, new, _adapter_release(7, "ab" * 32)])
+    plan = plan_update(index, check(installed_sha256=old.sha256, operators=ADAPTER_OPS))
+    assert plan.plan == "full" and plan.sha256 == new.sha256

@@ -44,6 +44,11 @@ struct Lin {
     int64_t act_group = 0;
     bool quantized = false;
     int64_t N = 0, K = 0;
+    // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with
+    // lora_a = A^T [K, rank] and lora_b = (target scale * B)^T [rank, N], both row-major.
+    const float* lora_a = nullptr;
+    const float* lora_b = nullptr;
+    int64_t rank = 0;
 };
 
 // An activation as passed between ops: float rows, or int8 codes with group scales.
@@ -75,6 +80,8 @@ struct LayerArgs {
     bool act = false;
     const float* x = nullptr;
     float* out = nullptr;
+    float lora_scale = 1.0f;  // the session's adapter scale (LayerLora.scale)
+    int64_t max_rank = 0;     // 0: no adapter on this layer
 };
 
 // Bump allocator over a grow-only per-thread buffer (the layer runs on the caller thread).
@@ -170,6 +177,53 @@ struct Runner {
             x.x = as_float(in, l.K);
             matmul_f32(*l.w, x, o);
         }
+        if (l.lora_a != nullptr) add_lora(l, in, y);
+    }
+
+    // y[T, N] += s * (x A^T) B^T on the float values of the input the matmul read (the
+    // int8 path's quantized activations dequantized, as the numpy chain does).
+    void add_lora(const Lin& l, const Act& in, float* y) {
+        const float* x = lora_input(in, l.K);
+        const int64_t r = l.rank;
+        float* __restrict h = ar.get<float>(a.T * r);
+        for (int64_t t = 0; t < a.T; ++t) {
+            float* __restrict ht = h + t * r;
+            for (int64_t j = 0; j < r; ++j) ht[j] = 0.0f;
+            const float* __restrict xt = x + t * l.K;
+            for (int64_t k = 0; k < l.K; ++k) {
+                const float xv = xt[k];
+                const float* __restrict ak = l.lora_a + k * r;
+                for (int64_t j = 0; j < r; ++j) ht[j] += xv * ak[j];
+            }
+            float* __restrict yt = y + t * l.N;
+            for (int64_t j = 0; j < r; ++j) {
+                const float hv = ht[j] * a.lora_scale;
+                const float* __restrict bj = l.lora_b + j * l.N;
+                for (int64_t n = 0; n < l.N; ++n) yt[n] += hv * bj[n];
+            }
+        }
+    }
+
+    // The float values of an adapter's input, dequantized once per quantized input (q, k
+    // and v share one) with one scale per group: no division per element.
+    std::vector<std::pair<const int8_t*, const float*>> lora_inputs;
+    const float* lora_input(const Act& in, int64_t K) {
+        if (in.x != nullptr) return in.x;
+        for (const auto& e : lora_inputs) {
+            if (e.first == in.q) return e.second;
+        }
+        float* x = ar.get<float>(a.T * K);
+        const int64_t G = K / in.group;
+        for (int64_t t = 0; t < a.T; ++t) {
+            for (int64_t g = 0; g < G; ++g) {
+                const float s = in.s[t * G + g];
+                const int8_t* q = in.q + t * K + g * in.group;
+                float* xo = x + t * K + g * in.group;
+                for (int64_t i = 0; i < in.group; ++i) xo[i] = static_cast<float>(q[i]) * s;
+            }
+        }
+        lora_inputs.emplace_back(in.q, x);
+        return x;
     }
 
     // y = x + l(in), or x + rmsnorm(l(in), post_norm) (sandwich norms), as the composite does.
@@ -297,7 +351,9 @@ int64_t arena_bytes(const LayerArgs& a) {
     const int64_t floats = T * (2 * H + 2 * QD + 2 * KD + 2 * H + 4 * F + 8 * widest) + 64 * 40;
     const int64_t bytes8 = T * (4 * H + QD + F + 3 * widest) + 64 * 40;
     const int64_t scales = T * (4 * H + QD + F + 3 * widest) + 64 * 40;  // group >= 1
-    return floats * 4 + bytes8 + scales * 4;
+    // an adapter: per adapted weight its float input (int8 path) and the rank-sized product
+    const int64_t lora = a.max_rank > 0 ? 7 * (T * (widest + a.max_rank) + 64 * 2) : 0;
+    return (floats + lora) * 4 + bytes8 + scales * 4;
 }
 
 // ---- Python side: read the runtime's objects ------------------------------------------
@@ -330,6 +386,16 @@ py::object get(const py::handle& o, const char* name) {
         PyErr_Clear();
         throw py::type_error(std::string("decoder_layer: ") + py::str(py::type::of(o)).cast<std::string>() +
                              " has no attribute '" + name + "'");
+    }
+    return py::reinterpret_steal<py::object>(v);
+}
+
+// An optional attribute (contexts built before it existed lack it): None when absent.
+py::object get_or_none(const py::handle& o, const char* name) {
+    PyObject* v = PyObject_GetAttr(o.ptr(), interned(name));
+    if (v == nullptr) {
+        PyErr_Clear();
+        return py::none();
     }
     return py::reinterpret_steal<py::object>(v);
 }
@@ -393,6 +459,40 @@ Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std
     l.N = N;
     l.K = K;
     return l;
+}
+
+const float* f32_matrix(const py::object& o, int64_t rows, int64_t cols, const std::string& what,
+                        std::vector<py::object>& keep) {
+    if (!py::isinstance<py::array>(o)) throw py::type_error("decoder_layer: " + what + " must be a numpy array");
+    py::array m = py::reinterpret_borrow<py::array>(o);
+    if (!is_f32(m)) throw py::type_error("decoder_layer: " + what + " must be float32");
+    if (m.ndim() != 2 || m.shape(0) != rows || (cols > 0 && m.shape(1) != cols) || m.shape(1) < 1 ||
+        !(m.flags() & py::array::c_style)) {
+        bad(what + " must be a contiguous [" + std::to_string(rows) + ", " + (cols > 0 ? std::to_string(cols) : "r") + "] array");
+    }
+    keep.push_back(m);
+    return static_cast<const float*>(m.data());
+}
+
+// ctx.lora (runtime_shim.adapters.LayerLora, or None): its pairs by slot name, and scale.
+void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& keep) {
+    if (lora.is_none()) return;
+    const double scale = get(lora, "scale").cast<double>();
+    if (!std::isfinite(scale)) bad("ctx.lora.scale must be finite");
+    a.lora_scale = static_cast<float>(scale);
+    const py::dict pairs = get(lora, "pairs").cast<py::dict>();
+    keep.push_back(pairs);
+    const std::pair<const char*, Lin*> slots[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"o", &a.o},
+                                                  {"gate", &a.gate}, {"up", &a.up}, {"down", &a.down}};
+    for (const auto& [slot, lin] : slots) {
+        if (!pairs.contains(slot)) continue;
+        const py::object pair = pairs[slot];
+        const std::string name = std::string("ctx.lora.pairs['") + slot + "']";
+        lin->lora_a = f32_matrix(get(pair, "a_t"), lin->K, 0, name + ".a_t", keep);
+        lin->rank = py::reinterpret_borrow<py::array>(keep.back()).shape(1);
+        lin->lora_b = f32_matrix(get(pair, "b_t"), lin->rank, lin->N, name + ".b_t", keep);
+        a.max_rank = std::max(a.max_rank, lin->rank);
+    }
 }
 
 int64_t group_attr(const py::object& lw, const char* name, int64_t H) {
@@ -516,6 +616,7 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     a.gate_up_group = group_attr(lw, "gate_up_group", H);
     if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");
     if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
+    bind_lora(get_or_none(ctx, "lora"), a, keep);
 
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
@@ -527,7 +628,7 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
         const size_t need = static_cast<size_t>(arena_bytes(a));
         if (buf.size() < need) buf.resize(need);
         Arena ar(buf);
-        Runner r{a, ar, {}, {}};
+        Runner r{a, ar, {}, {}, {}};
         reason = r.run();
         kv_error = r.kv_error;
     }
@@ -543,6 +644,7 @@ void bind_layer(py::module_& m) {
     py::dict reasons;
     for (const Fallback f : kFallbacks) reasons[py::int_(static_cast<int32_t>(f))] = fallback_reason(f);
     m.attr("FALLBACK_REASONS") = reasons;
+    m.attr("DECODER_LAYER_LORA") = true;  // reads ctx.lora (runtime_shim.adapters.LayerLora)
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");

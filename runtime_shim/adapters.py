@@ -1,0 +1,145 @@
+"""LoRA adapters applied online, per session, on one mapped base.
+
+``Model.load_adapter`` decodes a LORA_ADAPTER section (from the model's own package or
+an adapter-only one), refuses it unless it was made for these weights and every target
+is a matrix the decoder applies (:func:`edgepack.format.adapter.check_binding`), and
+keeps its factors as small float32 matrices: ``A^T [in, r]`` and ``scale * B^T [r, out]``.
+The base is never read or copied for it. A session picks one adapter (or none) and a
+scale; the layer chain adds ``s * (x A^T) B^T`` to each adapted projection
+(:mod:`.kernels.layer`), on the float and the int8-activation path alike (the int8
+path's adapter input is the same quantized activation the base matmul reads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgepack.format.adapter import LoraAdapter, adapter_digest, check_binding, decode_adapter
+from edgepack.format.errors import AdapterTargetError
+
+from .kernels.interface import QuantizedActivations
+
+__all__ = ["ActiveAdapter", "AdapterHandle", "LayerLora", "LoraPair", "load_payload"]
+
+_F32 = np.float32
+# canonical tensor suffix -> the LayerWeights slot the layer chain applies it to
+SLOTS = {
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_o.weight": "o",
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class LoraPair:
+    """One adapted projection: ``delta(x) = ((x @ a_t) * s) @ b_t``."""
+
+    a_t: np.ndarray  # float32 [in, r]
+    b_t: np.ndarray  # float32 [r, out], the target's scale folded in
+
+    def delta(self, x: np.ndarray | QuantizedActivations, scale: float) -> np.ndarray:
+        xf = x.dequantize() if isinstance(x, QuantizedActivations) else x
+        h = xf @ self.a_t
+        if scale != 1.0:
+            h *= _F32(scale)
+        return h @ self.b_t
+
+
+@dataclass(frozen=True, eq=False)
+class LayerLora:
+    """The adapted projections of one layer under one session's scale."""
+
+    pairs: Mapping[str, LoraPair]
+    scale: float
+
+    def delta(self, slot: str, x: np.ndarray | QuantizedActivations) -> np.ndarray | None:
+        pair = self.pairs.get(slot)
+        return None if pair is None else pair.delta(x, self.scale)
+
+
+@dataclass(eq=False)
+class AdapterHandle:
+    """A loaded adapter: what :meth:`Model.load_adapter` returns, for ``session(adapter=)``."""
+
+    adapter: LoraAdapter
+    digest: bytes  # adapter_digest of its payload
+    layers: dict[int, dict[str, LoraPair]] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.adapter.name
+
+    @property
+    def rank(self) -> int:
+        return self.adapter.rank
+
+    @property
+    def target_names(self) -> list[str]:
+        return self.adapter.target_names
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the float32 factors held in memory."""
+        return sum(p.a_t.nbytes + p.b_t.nbytes for ps in self.layers.values() for p in ps.values())
+
+
+@dataclass(frozen=True, eq=False)
+class ActiveAdapter:
+    """A session's choice: ``handle`` at ``scale``, per layer (None where unadapted)."""
+
+    handle: AdapterHandle
+    scale: float
+    layers: tuple[LayerLora | None, ...]
+
+    @classmethod
+    def of(cls, handle: AdapterHandle, scale: float, num_layers: int) -> ActiveAdapter:
+        if not math.isfinite(scale):
+            raise ValueError(f"adapter_scale must be finite, got {scale}")
+        layers = tuple(
+            LayerLora(handle.layers[i], scale) if i in handle.layers else None
+            for i in range(num_layers)
+        )
+        return cls(handle, scale, layers)
+
+    @property
+    def salt(self) -> bytes:
+        """What KV blocks computed under this adapter are keyed by (besides the tokens):
+        blocks of another adapter or scale are never shared with this one."""
+        return self.handle.digest + np.float64(self.scale).tobytes()
+
+
+def load_payload(
+    payload: bytes, base_digest: bytes, shapes: Mapping[str, tuple[int, ...]], num_layers: int
+) -> AdapterHandle:
+    """Decode ``payload`` and check it against the base; typed errors say what is wrong."""
+    adapter = decode_adapter(payload)
+    check_binding(adapter, base_digest, shapes)
+    layers: dict[int, dict[str, LoraPair]] = {}
+    for t in adapter.targets:
+        index, slot = _slot(t.name, num_layers)
+        if slot is None:
+            raise AdapterTargetError(
+                f"adapter {adapter.name!r} targets {t.name}, which is not applied online "
+                "(only layer projections are): merge it with `edgepack merge-lora`"
+            )
+        a_t = np.ascontiguousarray(t.a.values().T)
+        b_t = np.ascontiguousarray((t.b.values() * _F32(t.scale)).T)
+        layers.setdefault(index, {})[slot] = LoraPair(a_t, b_t)
+    return AdapterHandle(adapter, adapter_digest(payload), layers)
+
+
+def _slot(name: str, num_layers: int) -> tuple[int, str | None]:
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit():
+        index = int(parts[1])
+        if index < num_layers:
+            return index, SLOTS.get(parts[2])
+    return -1, None
