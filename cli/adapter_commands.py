@@ -26,6 +26,7 @@ _ENCODINGS = click.Choice(["int8", "f16", "f32"])
 @click.option(
     "--model-version",
     default=None,
+    metavar="VERSION",
     callback=semver_value,
     help="Version of the adapter release (default: the base's; publishing needs a new one).",
 )

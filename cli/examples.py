@@ -50,6 +50,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "edgepack bench model.epk -p 512 -n 128 -r 5   # llama-bench -m model.gguf, same shape",
         "edgepack bench model.epk -p 0 -n 64 --json",
     ),
+    "pack-adapter": (
+        "edgepack pack-adapter base.epk peft-lora/ -o lora.epk --sign-key release.key",
+        "edgepack pack-adapter base.epk peft-lora/ -o lora.epk --adapter-encoding f16 \\\n"
+        "--model-version 1.0.1",
+    ),
+    "merge-lora": (
+        "edgepack merge-lora base.epk peft-lora/ -o merged.epk --sign-key release.key",
+        "edgepack merge-lora base.epk lora.epk -o merged.epk --source hf-model/",
+    ),
     "diff": ("edgepack diff v1.epk v2.epk -o v1-to-v2.epkd --sign-key release.key",),
     "patch": ("edgepack patch v1.epk v1-to-v2.epkd -o v2.epk --trusted-key release.pub",),
     "repo init": ("edgepack repo init --store s3://bucket/models --keys-dir keys/",),
