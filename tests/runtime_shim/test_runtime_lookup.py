@@ -228,11 +228,12 @@ def test_auto_stays_off_on_kernels_that_are_not_batch_invariant(tiny) -> None:
 
 
 def test_auto_stays_off_where_native_attention_runs_on_numpy(tmp_path: Path) -> None:
-    """head_dim 16 with the int8 cache: the native backend attends on numpy, whose rows
-    of a many-token pass differ from one-token passes; the probe finds it out."""
-    src = tiny_model_dir(tmp_path, num_attention_heads=8, num_key_value_heads=4)
-    with _open(convert_to(tmp_path, src, "int8")) as m:
-        assert m.config.head_dim == 16
+    """head_dim 12 with the legacy int8 cache (V group 12, not a multiple of 8): the
+    native backend attends on numpy, whose rows of a many-token pass differ from
+    one-token passes; the probe finds it out."""
+    src = tiny_model_dir(tmp_path, hidden_size=96, num_attention_heads=8, num_key_value_heads=4)
+    with _open(convert_to(tmp_path, src, "int8"), kv="int8-legacy") as m:
+        assert m.config.head_dim == 12
         assert not batch_invariant(m)
         _, s = _run(m, _prompts()[0], "auto")
         assert s.stats.lookup == "off"
