@@ -61,7 +61,8 @@ def _adapter(base: Path, rank: int, out: Path) -> Path:
 
 
 def _decode_rate(session, prompt: list[int], tokens: int) -> float:
-    gen = session.generate(prompt, max_tokens=tokens, stop=[], output="ids")
+    # plain decoding: prompt lookup would draft tokens and hide the per-token cost
+    gen = session.generate(prompt, max_tokens=tokens, stop=[], output="ids", lookup=False)
     t0 = None
     n = 0
     for _ in gen:
