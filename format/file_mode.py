@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["honour_umask"]
+__all__ = ["honour_umask", "seal_output"]
 
 _LOCK = threading.Lock()  # os.umask can only be read by setting it
 
@@ -25,3 +25,16 @@ def _umask() -> int:
 def honour_umask(fd: int) -> None:
     """Give the open file ``fd`` mode 0666 minus the process umask."""
     os.fchmod(fd, 0o666 & ~_umask())
+
+
+def seal_output(f) -> None:
+    """Before a written temporary is renamed onto its output: its bytes on disk
+    (``flush`` + ``fsync``) and the mode ``open()`` would have given it. ``f``: an open
+    binary file object or a file descriptor."""
+    if isinstance(f, int):
+        fd = f
+    else:
+        f.flush()
+        fd = f.fileno()
+    honour_umask(fd)
+    os.fsync(fd)

@@ -22,7 +22,7 @@ from .compat import parse_semver
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE
 from .errors import TruncatedPackageError
 from .file_layout import align, shift_spans
-from .file_mode import honour_umask
+from .file_mode import seal_output
 from .header import Header, ModelIdentity, encode_header
 from .header_decode import decode_header
 from .names import check_name
@@ -124,9 +124,7 @@ def _write(
             f.write(bytes(pre.data_offset - PREAMBLE_SIZE - len(header_bytes)))
             f.seek(pre.data_end)
             f.write(signature)
-            f.flush()
-            honour_umask(f.fileno())
-            os.fsync(f.fileno())
+            seal_output(f)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

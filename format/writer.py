@@ -28,7 +28,7 @@ import zstandard
 
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE, Compression, Encoding, SectionKind
 from .file_layout import DIGEST_PLACEHOLDER, FileLayout, signature_length
-from .file_mode import honour_umask
+from .file_mode import seal_output
 from .header import ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
 from .layout import tensor_layout
@@ -328,9 +328,7 @@ class PackageWriter(PackageSizer):
             out.seek(data_offset + self._layout.position)  # stale bytes after a move
             out.write(bytes(data_length - self._layout.position))
             out.write(signature)
-            out.flush()
-            honour_umask(out.fileno())  # mkstemp made it 0600: packages are shared
-            os.fsync(out.fileno())
+            seal_output(out)  # mkstemp made it 0600: packages are shared
             out.close()
             os.replace(self._tmp, self.path)
         except BaseException:

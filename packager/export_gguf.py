@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 
 from edgepack.format import Package, SectionKind
-from edgepack.format.file_mode import honour_umask
+from edgepack.format.file_mode import seal_output
 from edgepack.format.output_file import check_output_path, create_partial, remove_stale_partials
 
 from .errors import UnexportableError
@@ -181,8 +181,7 @@ def _write(writer: gguf.GGUFWriter, out: Path) -> int:
         writer.write_tensors_to_file()
         writer.close()
         with open(tmp, "rb+") as f:
-            honour_umask(f.fileno())
-            os.fsync(f.fileno())
+            seal_output(f)
         size = tmp.stat().st_size
         os.replace(tmp, out)
     except BaseException:

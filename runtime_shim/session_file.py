@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgepack.format.errors import CorruptPackageError
-from edgepack.format.file_mode import honour_umask
+from edgepack.format.file_mode import seal_output
 from edgepack.format.output_file import create_partial
 from edgepack.format.prefix_cache import PrefixCache, decode_prefix_cache, encode_prefix_cache
 
@@ -58,9 +58,7 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(_HEAD.pack(_MAGIC, _VERSION, len(body), hashlib.sha256(body).digest()))
             f.write(body)
-            f.flush()
-            honour_umask(f.fileno())
-            os.fsync(f.fileno())
+            seal_output(f)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

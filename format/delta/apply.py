@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepack.format.file_mode import honour_umask
+from edgepack.format.file_mode import seal_output
 from edgepack.format.output_file import (
     check_output_path,
     create_partial,
@@ -254,8 +254,7 @@ def _write_target(d: DeltaFile, base_fd: int, out: Path, progress) -> tuple[int,
             raise TargetMismatchError(
                 "patched file does not match the delta's target hash (corrupt base or delta)"
             )
-        honour_umask(fd)  # a package others (a web server) read: not mkstemp's 0600
-        os.fsync(fd)
+        seal_output(fd)  # a package others (a web server) read: not mkstemp's 0600
         os.close(fd)
         fd = -1
         os.replace(tmp, out)

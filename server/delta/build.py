@@ -66,7 +66,7 @@ from edgepack.format.delta.predict import (
     predict_part,
 )
 from edgepack.format.delta.transforms import planes, residual_of, shuffle, sparsify
-from edgepack.format.file_mode import honour_umask
+from edgepack.format.file_mode import seal_output
 from edgepack.format.header import Span, TensorEntry
 from edgepack.format.header_decode import offset_vectors
 from edgepack.format.layout import tensor_layout
@@ -1037,9 +1037,7 @@ def _write(out: Path, header: DeltaHeader, payload, keys, opt: DeltaOptions, old
             payload.seek(0)
             shutil.copyfileobj(payload, f, _HASH_CHUNK)
             f.write(signature)
-            f.flush()
-            honour_umask(f.fileno())  # served to devices: not mkstemp's 0600
-            os.fsync(f.fileno())
+            seal_output(f)  # served to devices: not mkstemp's 0600
         if opt.verify:
             check_dir = create_scratch_dir(out)
             try:
