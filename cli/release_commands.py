@@ -407,16 +407,16 @@ def publish(
 ) -> int:
     """Verify PACKAGE and publish it on a channel: payload first, metadata last."""
     from edgepack.format import load_public_key
+    from edgepack.server.releases.repository import PUBLISH_PHASES
 
     _setup_logging(verbose)
     _percent(rollout)
     keys = [load_public_key(k) for k in trusted_keys]
     rr = _open(store_url, endpoint_url, keys_dir)
-    with progress_bars("publishing") as bar:
-        bar.start(0)  # verify, upload, compute the deltas: time spent, no count
+    with progress_bars("publishing", phases=PUBLISH_PHASES) as bar:
         result = rr.publish(
             package, channel, rollout=rollout, delta_count=delta_count, trusted_keys=keys,
-            model=model,
+            model=model, progress=bar,
         )
     rel = result.release
     record(release=rel.to_json(), uploaded=result.uploaded, versions=dict(result.versions))

@@ -123,6 +123,16 @@ class PackageFacts:
     adapter_for: tuple[str, ...] = ()  # adapter-only package: the bases its adapters bind
 
 
+# What ``publish`` reports to its ``progress``, in order ("deltas" counts the bases).
+PUBLISH_PHASES = ("verify", "store package", "deltas", "sign metadata")
+
+
+class _NoProgress:
+    def phase(self, name: str, total: int) -> None: ...
+
+    def advance(self, amount: int = 1, detail: str | None = None) -> None: ...
+
+
 @dataclass(frozen=True)
 class PublishResult:
     release: ReleaseInfo
@@ -498,8 +508,12 @@ class ReleaseRepository:
         delta_count: int | None = None,
         trusted_keys: Sequence[Any] = (),
         model: str | None = None,
+        progress: Any = None,
     ) -> PublishResult:
-        """Verify ``package`` and publish it on ``channel`` at ``rollout`` percent."""
+        """Verify ``package`` and publish it on ``channel`` at ``rollout`` percent.
+        ``progress``: an object with ``phase(name, total)`` and ``advance(n)`` (the CLI's
+        bars; the phases are :data:`PUBLISH_PHASES`)."""
+        progress = progress or _NoProgress()
         keys = self._keys()
         self.store.remove_stale_temporaries()  # what a killed publish left
         remove_stale_temporary_directories(_PUBLISH_SCRATCH)
@@ -508,7 +522,9 @@ class ReleaseRepository:
         repo = self.load()
         for role in (Targets.type, Snapshot.type, Timestamp.type):
             keys.require(repo.root, role)  # fail before uploading anything
+        progress.phase("verify", 1)
         facts = inspect_package(package, policy=repo.policy, trusted_keys=trusted_keys, model=model)
+        progress.advance(1)
         _check_new_on_channel(self.index(repo), facts.model, channel, facts.version, facts.sha256)
         log.info(
             "verified %s: %s %s, sha256 %s",
@@ -518,8 +534,10 @@ class ReleaseRepository:
             facts.sha256[:16],
         )
         # payload first
+        progress.phase("store package", 1)
         existed = self.store.exists(object_key(facts.sha256))
         self.store.put_object(facts.path, expected_sha256=facts.sha256)
+        progress.advance(1)
         log.info("stored package object %s", object_key(facts.sha256))
         count = repo.policy.delta_count if delta_count is None else delta_count
         now = format_time(self.clock())
@@ -530,7 +548,8 @@ class ReleaseRepository:
             targets = repo.editable_targets()
             with pid_temporary_directory(_PUBLISH_SCRATCH) as tmp:
                 deltas = self._ensure_deltas(
-                    index, targets, facts.model, channel, facts.sha256, facts.path, count, tmp
+                    index, targets, facts.model, channel, facts.sha256, facts.path, count, tmp,
+                    progress,
                 )
             release = ReleaseInfo(
                 path=release_target_path(facts.model, channel, facts.version),
@@ -550,7 +569,9 @@ class ReleaseRepository:
                 adapter_for=facts.adapter_for,
             )
             _put_release(targets, release)
+            progress.phase("sign metadata", 1)
             versions = self._commit(repo, targets=targets)
+            progress.advance(1)
             return PublishResult(release, not existed, versions)
 
         return self._with_retries(attempt)
@@ -628,6 +649,7 @@ class ReleaseRepository:
         new_path: Path | Callable[[], Path],
         count: int,
         tmp: str,
+        progress: Any = None,
     ) -> tuple[DeltaInfo, ...]:
         """Deltas from the last ``count`` distinct releases of the channel to ``new_sha``:
         reused when the pair already has one, else built, stored, and added as targets."""
@@ -640,7 +662,10 @@ class ReleaseRepository:
             if len(bases) >= count:
                 break
         out: list[DeltaInfo] = []
-        for base in bases:
+        progress = progress or _NoProgress()
+        progress.phase("deltas", len(bases))
+        for i, base in enumerate(bases):
+            progress.advance(1 if i else 0, f"from {base.version}")  # the previous one is done
             path = delta_target_path(model, base.sha256, new_sha)
             known = targets.targets.get(path)
             if known is not None and self.store.exists(object_key(known.hashes["sha256"])):

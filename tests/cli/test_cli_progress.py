@@ -168,3 +168,25 @@ def test_terminal_shows_phase_counter_and_numbers_at_80_columns(
     assert any(re.match(r"phase 3/\d+ sensitivity .*━.* \d+/\d+ ", f) for f in live), live
     assert any("total " in f for f in live), live  # the whole job's ETA
     assert out.is_file()
+
+
+def test_publish_prints_its_phases_with_counts(
+    work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Verify, store, deltas (counted per base release), sign: one numbered line each."""
+    store, keys = tmp_path / "store", tmp_path / "keys"
+    assert main(["repo", "init", "--store", str(store), "--keys-dir", str(keys), "-q"]) == 0
+    common = ["--store", str(store), "--keys-dir", str(keys), "--channel", "beta",
+              "--model", "tiny"]
+    v2 = tmp_path / "v2.epk"
+    assert main(["convert", str(work / "m.gguf"), "-o", str(v2), "--encoding", "int8",
+                 "--model-version", "1.1.0", "-q"]) == 0
+    assert main(["publish", str(work / "a.epk"), *common, "-q"]) == 0
+    code, _, err = _run(capsys, ["publish", str(v2), *common])
+    assert code == 0, err
+    assert "\r" not in err and "━" not in err
+    lines = _phase_lines(err)
+    assert [m.group(3) for m in lines] == ["verify", "store package", "deltas",
+                                           "sign metadata"], err
+    assert {int(m.group(2)) for m in lines} == {4}
+    assert lines[2].group(4) == "1/1", err  # one delta, from 1.0.0
