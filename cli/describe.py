@@ -7,7 +7,9 @@ from collections import defaultdict
 from typing import Any
 
 from edgepack.format import Encoding, Package
+from edgepack.format.errors import SignatureError
 from edgepack.format.model_card import CARD_FIELDS, read_model_card
+from edgepack.format.signing import parse_signature_block
 
 from .describe_adapters import adapter_lines, adapters_to_json
 from .describe_prefix import describe_prefix_caches, prefix_caches_json
@@ -44,6 +46,7 @@ def header_to_json(pkg: Package) -> dict[str, Any]:
         "model_card": read_model_card(pkg),
         "header_digest": pre.header_digest.hex(),
         "signed": pre.signed,
+        "signature_key_ids": _signer_ids(pkg),
         "sections": [
             {
                 "kind": s.kind_name,
@@ -88,8 +91,8 @@ def describe_header(pkg: Package) -> str:
         "  operators    " + ", ".join(f"{n}@{v}" for n, v in h.required_operators),
         f"  provenance   {h.provenance.tool} {h.provenance.tool_version} from "
         f"{h.provenance.source_name or '?'} (sha256 {h.provenance.source_sha256[:16]})",
-        f"  signature    {'present' if pre.signed else 'none'}   header sha256 "
-        f"{pre.header_digest.hex()[:16]}",
+        *_shape_lines(h.identity.config),
+        f"  signature    {_signers(pkg)}   header sha256 {pre.header_digest.hex()[:16]}",
     ]
     lines += _card_lines(read_model_card(pkg))
     lines += [f"  sections     {len(h.sections)}"]
@@ -120,6 +123,40 @@ def describe_header(pkg: Package) -> str:
         lines.append(f"    {label:<22} {count:>5} tensors {params:>14,} params {nbytes:>14,} B")
     lines += describe_prefix_caches(pkg)
     return "\n".join(lines)
+
+
+def _shape_lines(config: dict[str, Any]) -> list[str]:
+    """Layers, width, heads, context and vocabulary, as the model config states them."""
+    def value(key: str) -> str:
+        v = config.get(key)
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else "?"
+
+    if not any(k in config for k in ("num_hidden_layers", "hidden_size", "vocab_size")):
+        return []
+    return [
+        f"  shape        {value('num_hidden_layers')} layers, width {value('hidden_size')}, "
+        f"heads {value('num_attention_heads')} (kv {value('num_key_value_heads')}), "
+        f"context {value('max_position_embeddings')}, vocabulary {value('vocab_size')}"
+    ]
+
+
+def _signer_ids(pkg: Package) -> list[str]:
+    """Key ids (hex) of the signatures the package carries (not checked here: `verify`)."""
+    if not pkg.preamble.signed:
+        return []
+    try:
+        return [e.key_id.hex() for e in parse_signature_block(pkg.signature_block())]
+    except SignatureError:
+        return []
+
+
+def _signers(pkg: Package) -> str:
+    if not pkg.preamble.signed:
+        return "none"
+    ids = _signer_ids(pkg)
+    if not ids:
+        return "present (block unreadable: run verify)"
+    return f"signed by key id {', '.join(i[:16] for i in ids)} (checked by verify)"
 
 
 def _card_lines(card: dict[str, Any] | None) -> list[str]:

@@ -141,3 +141,15 @@ def test_inspect_json(signed_int4: Path) -> None:
     r = run("inspect", str(signed_int4))
     assert "int4-g32 " in r.stdout and "bits/weight" in r.stdout
     assert "int4_group_sym/" not in r.stdout  # the CLI's labels, not the enum's names
+    cfg = doc["identity"]["config"]
+    assert (
+        f"{cfg['num_hidden_layers']} layers, width {cfg['hidden_size']}, "
+        f"heads {cfg['num_attention_heads']} (kv {cfg['num_key_value_heads']}), "
+        f"context {cfg['max_position_embeddings']:,}, vocabulary {cfg['vocab_size']:,}"
+    ) in r.stdout
+    from edgepack.format import key_id, load_public_key
+
+    signer = key_id(load_public_key(signed_int4.parent / "release.pub"))
+    signer = signer.hex() if isinstance(signer, bytes) else signer
+    assert doc["signature_key_ids"] == [signer]
+    assert f"signed by key id {signer[:16]}" in r.stdout
