@@ -10,6 +10,7 @@ need jinja2 (:class:`~.errors.ChatTemplateError`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -79,6 +80,23 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
             raise ValueError(f"message {i} must be a mapping with 'role' and 'content'")
 
 
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str):  # -> jinja2.Template
+    """The template compiled once (compiling costs milliseconds; a chat renders every
+    turn). A template that does not compile raises, and is not cached."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)
+
+
 def _render_jinja(
     template: str,
     messages: Sequence[Mapping[str, Any]],
@@ -87,18 +105,9 @@ def _render_jinja(
     eos_token: str,
 ) -> str:
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise ChatTemplateError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.globals["raise_exception"] = raise_exception
     try:
-        compiled = env.from_string(template)
-        return compiled.render(
+        return _compiled(template).render(
             messages=[dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,

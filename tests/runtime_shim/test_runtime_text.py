@@ -114,3 +114,18 @@ def test_jinja_is_sandboxed() -> None:
     raising = "{{ raise_exception('no system role') }}"
     with pytest.raises(ChatTemplateError, match="no system role"):
         render_chat(raising, MESSAGES, engine="jinja2")
+
+
+def test_a_chat_template_is_compiled_once_per_text() -> None:
+    """Every chat turn renders the template; compiling it each time cost milliseconds."""
+    pytest.importorskip("jinja2")
+    from edgepack.runtime_shim import chat as chat_mod
+
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    chat_mod._compiled.cache_clear()
+    for turn in range(3):
+        out = render_chat(template, [{"role": "user", "content": f"hi {turn}"}])
+        assert out == f"[user] hi {turn}\n"
+    assert chat_mod._compiled.cache_info().misses == 1
+    with pytest.raises(ChatTemplateError):
+        render_chat("{% for %}", [{"role": "user", "content": "x"}])
