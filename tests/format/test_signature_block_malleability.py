@@ -1,0 +1,27 @@
+"""Found by bench/fuzz.py (package mutant #228969, seed 0xED6E): a bit flip in the
+signature block's flatbuffer vtable-size field decodes to the same signatures, so the
+package still verifies although its bytes changed. Nothing unsigned runs (the header and
+data are authenticated; a delivered file is pinned by its TUF hash), but the block is
+malleable. Whether a reader should require the canonical encoding (forward compatibility
+of the block's table is the question) is open; this test flips when it does.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pkgfactory import build_package, file_parts, make_key
+
+from edgepack.format import Package, SignatureError
+
+
+@pytest.mark.xfail(strict=True, reason="signature block encoding is not checked to be canonical")
+def test_a_non_canonical_signature_block_is_refused(tmp_path):
+    built = build_package(tmp_path / "a.epk", seed=1)
+    raw = bytearray(built.path.read_bytes())
+    start = file_parts(bytes(raw)).preamble.data_end
+    assert raw[start + 4 : start + 8] == b"EPKS"
+    raw[start + 11] ^= 0x08  # the vtable's size: 6 -> 2054 bytes, same decoded fields
+    mutated = tmp_path / "b.epk"
+    mutated.write_bytes(bytes(raw))
+    with Package.open(mutated) as pkg, pytest.raises(SignatureError):
+        pkg.verify(trusted_keys=[make_key(0).public_key()])
