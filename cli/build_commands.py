@@ -41,7 +41,13 @@ if TYPE_CHECKING:
 @click.option("--target-size", type=int, default=None, help="Bytes of the whole file.")
 @click.option("--latency-budget", type=float, default=None, help="Decode ms/token (needs a LUT).")
 @click.option("--lut", type=click.Path(exists=True, dir_okay=False), help="profile-device output.")
-@click.option("--calib", type=click.Path(exists=True, dir_okay=False), help="Text or JSONL.")
+@click.option(
+    "--calib",
+    type=click.Path(exists=True, dir_okay=False),
+    help='Calibration text: a UTF-8 file (one document), or .jsonl/.ndjson with one document '
+    'per line, {"text": "..."} or a JSON string. Default: the first 40 of Python\'s pydoc '
+    'topics (sorted).',
+)
 @sign_key_option("the package")
 @release_options
 @model_card_options
