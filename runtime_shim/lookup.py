@@ -148,6 +148,11 @@ class PassCosts:
     prior_slope: float = 0.15
     seconds: dict[int, float] = field(default_factory=dict)
 
+    @property
+    def measured_sizes(self) -> frozenset[int]:
+        """The pass sizes (token counts) timed so far."""
+        return frozenset(self.seconds)
+
     def observe(self, tokens: int, seconds: float) -> None:
         old = self.seconds.get(tokens)
         a = self.smoothing

@@ -242,9 +242,9 @@ def test_auto_stays_off_where_native_attention_runs_on_numpy(tmp_path: Path) -> 
 def test_pass_costs_are_measured_once_per_model(tiny) -> None:
     with _open(tiny["int8"]) as m:
         costs = pass_costs(m)
-        assert not costs.seconds
+        assert not costs.measured_sizes
         _run(m, _prompts()[0], True)
-        assert 1 in costs.seconds and any(n > 1 for n in costs.seconds)
+        assert 1 in costs.measured_sizes and any(n > 1 for n in costs.measured_sizes)
         assert pass_costs(m) is costs  # the next session starts from them
         with _open(tiny["int8"]) as other:
             assert pass_costs(other) is not costs

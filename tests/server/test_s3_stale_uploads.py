@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -84,7 +83,8 @@ def test_only_idle_uploads_of_the_stores_objects_are_aborted(s3_env: dict[str, s
     assert pending.size == 1000
     assert pending.last_activity >= pending.started
     assert store.remove_stale_temporaries() == 0  # an hour is not over: a live upload, kept
-    assert store.abort_idle_uploads(HOUR, now=time.time() + 2 * HOUR) == [pending]
+    # two hours after its last part, on the upload's own clock (not this machine's)
+    assert store.abort_idle_uploads(HOUR, now=pending.last_activity + 2 * HOUR) == [pending]
     assert store.pending_uploads() == []
     left = client.list_multipart_uploads(Bucket=BUCKET, Prefix=store.prefix + "/")["Uploads"]
     assert [u["Key"] for u in left] == [other]
