@@ -86,14 +86,6 @@ def _choice_of(entry):
     return EncodingChoice(entry.encoding, entry.group_size)
 
 
-def _stored_parts(pkg: Package, name: str):
-    stored = pkg.tensor(name)
-    if isinstance(stored, np.ndarray):
-        return (stored,)
-    parts = (stored.codes, stored.scales)
-    return parts + ((stored.zeros,) if stored.zeros is not None else ())
-
-
 def _layers(pkg: Package) -> int:
     return int(pkg.header.identity.config.get("num_hidden_layers", 0))
 
@@ -143,12 +135,8 @@ def write_variant(
         ) as w:
             for t in h.tensors:
                 change = changes.pop(t.name, None)
-                if t.encoding == Encoding.LOW_RANK:
-                    w.add_low_rank(t.name, t.shape, t.factors, t.rank)
-                    continue
-                if change is None:
-                    parts = _stored_parts(pkg, t.name)
-                    w.add_tensor(t.name, t.encoding, *parts, shape=t.shape, group_size=t.group_size)
+                if t.encoding == Encoding.LOW_RANK or change is None:
+                    w.copy_tensor(pkg, t.name)
                     continue
                 weights, choice = change
                 enc = encode_tensor(weights, choice, t.name)

@@ -22,6 +22,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zstandard
@@ -36,6 +37,9 @@ from .output_file import create_partial, remove_stale_partials
 from .preamble import Preamble
 from .signing import build_signature_block
 from .validate import low_rank_excess, section_excess, validate_header
+
+if TYPE_CHECKING:
+    from .reader import Package
 
 __all__ = ["PackageSizer", "PackageWriter"]
 
@@ -175,6 +179,20 @@ class PackageSizer:
         )
         self._layout.tensors.append(entry)
         return entry
+
+    def copy_tensor(self, pkg: Package, name: str) -> TensorEntry:
+        """Add ``pkg``'s tensor ``name`` exactly as stored (codes, scales and zeros, no
+        re-encoding: its hash, and so the weights digest, stay the same)."""
+        t = pkg.entry(name)
+        if t.encoding == Encoding.LOW_RANK:
+            return self.add_low_rank(name, t.shape, t.factors, t.rank)
+        stored = pkg.tensor(name)
+        if isinstance(stored, np.ndarray):
+            return self.add_tensor(name, t.encoding, stored, shape=t.shape)
+        return self.add_tensor(
+            name, t.encoding, stored.codes, stored.scales, stored.zeros,
+            shape=t.shape, group_size=t.group_size,
+        )  # fmt: skip
 
     def add_section(
         self,

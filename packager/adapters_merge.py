@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepack.format import Encoding, Package, PackageWriter, QuantizedTensor, SectionKind
+from edgepack.format import Encoding, Package, PackageWriter, SectionKind
 from edgepack.format.output_file import check_output_path
 
 from .adapters import AdapterSource, base_shapes, bound_adapters, merged_delta, read_adapter_source
@@ -85,7 +85,7 @@ def _write(
         for t in h.tensors:
             delta = merged_delta(adapter, t.name)
             if delta is None:
-                _copy_tensor(w, base, t.name)
+                w.copy_tensor(base, t.name)
                 continue
             if t.encoding == Encoding.LOW_RANK:
                 raise InputError(f"{t.name} is stored low-rank: merge into the --source weights")
@@ -107,18 +107,3 @@ def _write(
             w.add_section(s.kind, data, name=s.name, media_type=s.media_type, required=s.required)
         w.finish(signing_keys)
     return merged, dropped
-
-
-def _copy_tensor(w: PackageWriter, base: Package, name: str) -> None:
-    t = base.entry(name)
-    if t.encoding == Encoding.LOW_RANK:
-        w.add_low_rank(name, t.shape, t.factors, t.rank)
-        return
-    stored = base.tensor(name)
-    if isinstance(stored, QuantizedTensor):
-        w.add_tensor(
-            name, t.encoding, stored.codes, stored.scales, stored.zeros,
-            shape=t.shape, group_size=t.group_size,
-        )  # fmt: skip
-    else:
-        w.add_tensor(name, t.encoding, stored, shape=t.shape)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgepack.format import Compression, Encoding, Package, PackageWriter, SectionKind
+from edgepack.format import Compression, Package, PackageWriter, SectionKind
 
 __all__ = ["NewSection", "rewrite_with_sections"]
 
@@ -41,22 +41,7 @@ def rewrite_with_sections(
             data_offset=pkg.preamble.data_offset,
         ) as w:
             for t in h.tensors:
-                if t.encoding == Encoding.LOW_RANK:
-                    w.add_low_rank(t.name, t.shape, t.factors, t.rank)
-                    continue
-                stored = pkg.tensor(t.name)
-                if t.encoding.is_float:
-                    w.add_tensor(t.name, t.encoding, stored, shape=t.shape)
-                else:
-                    w.add_tensor(
-                        t.name,
-                        t.encoding,
-                        stored.codes,
-                        stored.scales,
-                        stored.zeros,
-                        shape=t.shape,
-                        group_size=t.group_size,
-                    )
+                w.copy_tensor(pkg, t.name)
             for s in h.sections:
                 if s.kind in drop:
                     continue

@@ -57,3 +57,20 @@ def test_digest_survives_a_header_rewrite_that_keeps_tensors(tmp_path):
     moved = tmp_path / "b.epk"
     moved.write_bytes(replace_header(raw, replace(header, sections=header.sections)))
     assert _digest(moved) == _digest(built.path)
+
+
+def test_copied_tensors_keep_the_digest(tmp_path):
+    """``PackageWriter.copy_tensor`` adds a tensor exactly as stored, every encoding."""
+    from edgepack.format import PackageWriter
+
+    built = build_package(tmp_path / "a.epk", seed=5)
+    with Package.open(built.path) as pkg:
+        h = pkg.header
+        with PackageWriter(tmp_path / "b.epk", h.identity) as w:
+            for t in h.tensors:
+                w.copy_tensor(pkg, t.name)
+            w.finish()
+        encodings = {t.encoding for t in h.tensors}
+        original = pkg.weights_digest
+    assert len(encodings) >= 6  # the factory's package holds every kind of tensor
+    assert _digest(tmp_path / "b.epk") == original
