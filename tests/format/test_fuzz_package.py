@@ -616,6 +616,8 @@ def op_tensor_shape(h: Header, pick: Picker, orig: Original) -> Header:
     shapes += [(s[0] + 1, *s[1:]), (2 * s[0], *s[1:]), (0, *s[1:]), (1, math.prod(s))]
     if len(s) >= 2 and s[-1] % 2 == 0:
         shapes.append((2 * s[0], *s[1:-1], s[-1] // 2))  # same size, other shape
+    # a header holds u64 dims: stacked mutations (2 * (2**64 - 1)) cannot even be encoded
+    shapes = [shape for shape in shapes if all(d < U64 for d in shape)]
     return _set_tensor(h, i, replace(t, shape=pick.choice(shapes)))
 
 
