@@ -27,6 +27,7 @@ __all__ = [
     "SignatureEntry",
     "build_signature_block",
     "check_threshold",
+    "encode_signature_block",
     "generate_keypair",
     "key_id",
     "load_private_key",
@@ -163,13 +164,22 @@ def _not_a_key(path: str | os.PathLike[str], raw: bytes, wanted: str, exc=None) 
 
 def build_signature_block(header_digest: bytes, keys: Iterable[Ed25519PrivateKey]) -> bytes:
     message = signature_message(header_digest)
+    return encode_signature_block(
+        SignatureEntry(SignatureAlgorithm.ED25519, key_id(key.public_key()), key.sign(message))
+        for key in keys
+    )
+
+
+def encode_signature_block(entries: Iterable[SignatureEntry]) -> bytes:
+    """The canonical bytes of a block holding ``entries``: the only encoding a reader
+    accepts, so the unsigned block cannot be re-encoded into other bytes that verify."""
     b = flatbuffers.Builder(256)
     offsets = []
-    for key in keys:
-        kid = b.CreateByteVector(key_id(key.public_key()))
-        sig = b.CreateByteVector(key.sign(message))
+    for entry in entries:
+        kid = b.CreateByteVector(entry.key_id)
+        sig = b.CreateByteVector(entry.signature)
         fb_Signature.Start(b)
-        fb_Signature.AddAlgorithm(b, SignatureAlgorithm.ED25519)
+        fb_Signature.AddAlgorithm(b, entry.algorithm)
         fb_Signature.AddKeyId(b, kid)
         fb_Signature.AddSignature(b, sig)
         offsets.append(fb_Signature.End(b))
@@ -184,7 +194,8 @@ def build_signature_block(header_digest: bytes, keys: Iterable[Ed25519PrivateKey
 
 
 def parse_signature_block(buf: bytes) -> list[SignatureEntry]:
-    """Decode a signature block; anything malformed is a :class:`SignatureError`."""
+    """Decode a signature block; anything malformed, or encoded other than
+    :func:`encode_signature_block` encodes its entries, is a :class:`SignatureError`."""
     if len(buf) < 8 or buf[4:8] != b"EPKS":
         raise SignatureError("signature block is malformed (bad identifier)")
     try:
@@ -202,6 +213,10 @@ def parse_signature_block(buf: bytes) -> list[SignatureEntry]:
         raise
     except Exception as exc:  # generated accessors raise many kinds on garbage
         raise SignatureError(f"signature block is malformed ({type(exc).__name__})") from None
+    if encode_signature_block(entries) != bytes(buf):
+        raise SignatureError(
+            "signature block is not canonically encoded (its bytes were changed after signing)"
+        )
     return entries
 
 
