@@ -267,12 +267,18 @@ class Session:
             self.seq, ids[cached:], stats=self.forward_stats, adapter=self.adapter
         )
         assert logits is not None
+        queued: list[int] = []  # tokens chosen (the first, a verify pass's), not yet emitted
+        t_decode = None
+        if max_tokens > 0:
+            queued.append(sampler(logits, ids))
+            stats.time_to_first_token = stats.prefill_seconds = time.perf_counter() - t0
+            t_decode = time.perf_counter()
+        # what decoding needs is set up after the first token (it is not on its path)
         max_ctx = model.config.max_position_embeddings
         detok = model.tokenizer.stream() if mode == "text" else None
         text = ""  # generated text not yet yielded (held back for stop strings)
         hold = max((len(s) for s in stop_strings), default=1) - 1
         generated: list[int] = []
-        t_decode = None
         stats.finish_reason = "length"
         # greedy only (sampling would need the speculative acceptance rule); "auto" only
         # where verifying in one pass cannot change a logit bit
@@ -283,14 +289,9 @@ class Session:
             exact = None if lookup is True else partial(batch_invariant, model)
             lk = LookupDecoder(policy, ids, exact)
             stats.lookup = "on" if lookup is True else "auto"
-        queued: list[int] = []  # tokens a verify pass already chose, not yet emitted
         try:
             while len(generated) < max_tokens:
                 tid = queued.pop(0) if queued else sampler(logits, ids + generated)
-                if not generated:
-                    stats.time_to_first_token = time.perf_counter() - t0
-                    stats.prefill_seconds = stats.time_to_first_token
-                    t_decode = time.perf_counter()
                 generated.append(tid)
                 stats.generated_tokens = len(generated)
                 if lk is not None:
