@@ -81,12 +81,12 @@ class FileLayout:
         self.tensors: list[TensorEntry] = []
         self.sections: list[SectionEntry] = []
 
-    def place(self, nbytes: int) -> Span:
-        """The span of the next ``nbytes`` part: page-aligned when large, so the runtime
-        maps it without copying; empty parts take no span."""
+    def place(self, nbytes: int, *, page: bool = False) -> Span:
+        """The span of the next ``nbytes`` part: page-aligned when large (or ``page``), so
+        the runtime maps it without copying; empty parts take no span."""
         if not nbytes:
             return Span()
-        alignment = PAGE_SIZE if nbytes >= PAGE_ALIGN_THRESHOLD else SPAN_ALIGNMENT
+        alignment = PAGE_SIZE if page or nbytes >= PAGE_ALIGN_THRESHOLD else SPAN_ALIGNMENT
         start = align(self.position, alignment)
         self.position = start + nbytes
         return Span(start, nbytes)

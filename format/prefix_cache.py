@@ -10,6 +10,9 @@ Layout (spec/FORMAT.md section 6.1), all little-endian::
     descriptor: D bytes, one UTF-8 JSON object (binding, tokens, arrays)
     token ids: int32 [T] at the descriptor's "tokens_offset"
     arrays: each at its own offset, 64-aligned (page-aligned when 64 KiB or more)
+    version 2, "paged" arrays: each layer's T slots on pages of their own (an array's
+    "layer_stride" bytes apart, a multiple of the page size), so a runtime can map one
+    layer's pages straight into its KV pool (runtime_shim/kv_cache.py)
 
 Offsets are relative to the payload's start. A writer stores the section uncompressed,
 so the payload starts on a span boundary and every array lands aligned in the data
@@ -51,7 +54,8 @@ __all__ = [
 
 _MAGIC = b"EPKVPRE\x00"
 _FIXED = struct.Struct("<8sII")
-PREFIX_PAYLOAD_VERSION = 1
+PREFIX_PAYLOAD_VERSION = 2
+_VERSIONS = (1, 2)  # 1: every array contiguous (no "layer_stride")
 # dtypes a KV array may have (the runtime's layouts use no others)
 _DTYPES = {"int8": "i1", "uint8": "u1", "float16": "<f2", "float32": "<f4"}
 
@@ -129,8 +133,16 @@ def _align(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
-def encode_prefix_cache(cache: PrefixCache) -> bytes:
-    """The payload bytes (store them uncompressed: the arrays stay mappable)."""
+def _layer_stride(a: np.ndarray, paged: bool) -> int:
+    """Bytes from one layer's slots to the next: whole pages when ``paged``."""
+    run = a.nbytes // a.shape[0]
+    return _align(run, PAGE_SIZE) if paged else run
+
+
+def encode_prefix_cache(cache: PrefixCache, *, paged: bool = False) -> bytes:
+    """The payload bytes (store them uncompressed: the arrays stay mappable).
+    ``paged``: each layer's slots start on a page (version 2), so a runtime can map them
+    in place; else version 1, every array contiguous (saved sessions)."""
     tokens = np.ascontiguousarray(cache.tokens, "<i4")
     parts = [("tokens", tokens)] + [
         (name, np.ascontiguousarray(a)) for name, a in sorted(cache.arrays.items())
@@ -144,10 +156,11 @@ def encode_prefix_cache(cache: PrefixCache) -> bytes:
     # the descriptor's length moves the arrays; lay out until it stops changing
     for _ in range(8):
         offsets, pos = [], _FIXED.size + len(_descriptor_bytes(descriptor))
-        for _name, a in parts:
-            pos = _align(pos, _align_for(a.nbytes))
+        for i, (_name, a) in enumerate(parts):
+            stored = a.nbytes if i == 0 else _layer_stride(a, paged) * a.shape[0]
+            pos = _align(pos, PAGE_SIZE if paged and i else _align_for(stored))
             offsets.append(pos)
-            pos += a.nbytes
+            pos += stored
         new = {
             "binding": cache.binding.to_json(),
             "text": cache.text,
@@ -155,6 +168,7 @@ def encode_prefix_cache(cache: PrefixCache) -> bytes:
             "tokens_offset": offsets[0],
             "arrays": [
                 {"name": n, "dtype": str(a.dtype), "shape": list(a.shape), "offset": off}
+                | ({"layer_stride": _layer_stride(a, True)} if paged else {})
                 for (n, a), off in zip(parts[1:], offsets[1:], strict=True)
             ],
         }
@@ -163,10 +177,13 @@ def encode_prefix_cache(cache: PrefixCache) -> bytes:
         descriptor = new
     head = _descriptor_bytes(descriptor)
     out = bytearray(pos)
-    out[: _FIXED.size] = _FIXED.pack(_MAGIC, PREFIX_PAYLOAD_VERSION, len(head))
+    out[: _FIXED.size] = _FIXED.pack(_MAGIC, PREFIX_PAYLOAD_VERSION if paged else 1, len(head))
     out[_FIXED.size : _FIXED.size + len(head)] = head
-    for (_name, a), off in zip(parts, offsets, strict=True):
-        out[off : off + a.nbytes] = a.tobytes()
+    out[offsets[0] : offsets[0] + tokens.nbytes] = tokens.tobytes()
+    for (_name, a), off in zip(parts[1:], offsets[1:], strict=True):
+        stride = _layer_stride(a, paged)
+        for layer, chunk in enumerate(a):
+            out[off + layer * stride : off + layer * stride + chunk.nbytes] = chunk.tobytes()
     return bytes(out)
 
 
@@ -182,7 +199,7 @@ def decode_prefix_cache(buf: bytes | memoryview) -> PrefixCache:
     magic, version, dlen = _FIXED.unpack_from(view)
     if magic != _MAGIC:
         raise CorruptPackageError("prefix cache: bad magic")
-    if version != PREFIX_PAYLOAD_VERSION:
+    if version not in _VERSIONS:
         raise UnsupportedFeatureError(f"prefix cache: payload version {version} is unknown")
     if dlen > MAX_PREFIX_DESCRIPTOR or _FIXED.size + dlen > len(view):
         raise CorruptPackageError(f"prefix cache: descriptor length {dlen} out of bounds")
@@ -218,7 +235,8 @@ def decode_prefix_cache(buf: bytes | memoryview) -> PrefixCache:
         dims = tuple(_count(d, f"{name} shape", MAX_PREFIX_TOKENS) for d in shape)
         if dims[0] != binding.num_layers or dims[1] != n:
             raise CorruptPackageError(f"prefix cache: array {name!r} is not [layers, tokens, ...]")
-        arrays[name] = _view(view, spec.get("offset"), _DTYPES[dtype], dims, name, used)
+        stride = spec.get("layer_stride") if version >= 2 else None
+        arrays[name] = _view(view, spec.get("offset"), _DTYPES[dtype], dims, name, used, stride)
     used.sort()
     for (_s0, e0), (s1, _e1) in itertools.pairwise(used):
         if s1 < e0:
@@ -227,16 +245,41 @@ def decode_prefix_cache(buf: bytes | memoryview) -> PrefixCache:
 
 
 def _view(
-    view: memoryview, offset: object, dtype: str, shape: tuple[int, ...], what: str, used: list
+    view: memoryview,
+    offset: object,
+    dtype: str,
+    shape: tuple[int, ...],
+    what: str,
+    used: list,
+    layer_stride: object = None,
 ) -> np.ndarray:
+    """A view of ``shape`` at ``offset``; with ``layer_stride`` (version 2) each index of
+    the first axis is that many bytes after the previous one, on its own pages."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise CorruptPackageError(f"prefix cache: {what} has a bad offset")
-    if offset % SPAN_ALIGNMENT or offset + nbytes > len(view):
+    if layer_stride is None:
+        if offset % SPAN_ALIGNMENT or offset + nbytes > len(view):
+            raise CorruptPackageError(f"prefix cache: {what} is out of bounds or unaligned")
+        used.append((offset, offset + nbytes))
+        return np.frombuffer(view, dt, math.prod(shape), offset).reshape(shape)
+    run = nbytes // shape[0]
+    if (
+        not isinstance(layer_stride, int)
+        or isinstance(layer_stride, bool)
+        or layer_stride < run
+        or layer_stride % PAGE_SIZE
+    ):
+        raise CorruptPackageError(f"prefix cache: {what} has a bad layer_stride")
+    end = offset + layer_stride * (shape[0] - 1) + run
+    if offset % PAGE_SIZE or end > len(view):
         raise CorruptPackageError(f"prefix cache: {what} is out of bounds or unaligned")
-    used.append((offset, offset + nbytes))
-    return np.frombuffer(view, dt, math.prod(shape), offset).reshape(shape)
+    starts = [offset + i * layer_stride for i in range(shape[0])]
+    used.extend((start, start + run) for start in starts)
+    inner = np.frombuffer(view, np.uint8, end - offset, offset)
+    strides = (layer_stride, *np.empty(shape[1:], dt).strides)
+    return np.ndarray(shape, dt, inner, 0, strides)
 
 
 def _count(v: object, what: str, limit: int) -> int:

@@ -330,6 +330,19 @@ class Package:
         """``fstat`` of the open file (the one mapped), for integrity records."""
         return os.fstat(self._file.fileno())
 
+    def fileno(self) -> int:
+        """The open file's descriptor (the runtime maps prefix KV pages from it again)."""
+        return self._file.fileno()
+
+    def mapped_offset(self, a: np.ndarray) -> int | None:
+        """The file offset of ``a``'s first byte when ``a`` views this package's mapping,
+        else None (a copy, a decompressed section, a closed package)."""
+        if self._mm is None:
+            return None
+        start = np.frombuffer(self._mm, np.uint8).__array_interface__["data"][0]
+        off = a.__array_interface__["data"][0] - start
+        return off if 0 <= off and off + a.nbytes <= len(self._mm) else None
+
     def signature_block(self) -> bytes:
         pre = self.preamble
         if not pre.signed or self._mm is None:

@@ -212,7 +212,9 @@ class PackageSizer:
         if excess:
             raise ValueError(f"section {name!r}: {excess}")
         stored, compression = _stored(bytes(data), compress)
-        span = self._layout.place(len(stored))
+        # a prefix KV cache's pages are mapped one by one from the file (spec section 6.1)
+        paged = int(kind) == SectionKind.PREFIX_KV_CACHE and compression == Compression.NONE
+        span = self._layout.place(len(stored), page=paged)
         array = np.frombuffer(stored, np.uint8)
         entry = SectionEntry(
             kind=int(kind),

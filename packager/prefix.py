@@ -110,7 +110,7 @@ def add_prefix_caches(
             ids = prefix_ids(model, text, system=system)
             cache = compute_prefix_cache(model, ids, text)
             name = f"prefix-{i}"
-            data = encode_prefix_cache(cache)
+            data = encode_prefix_cache(cache, paged=True)
             sections.append((SectionKind.PREFIX_KV_CACHE, data, name, PREFIX_MEDIA_TYPE, False))
             infos.append(PrefixCacheInfo(name, cache.num_tokens, cache.nbytes, text))
     rewrite_with_sections(

@@ -99,18 +99,28 @@ when a new block is needed; when every block is referenced, :class:`KVCacheFullE
 
 Memory: the pool is an anonymous mapping (pages are committed by the OS on first write),
 so the budget bounds memory without costing it up front.
+
+Mapped blocks: past the ``num_blocks`` the budget allows, :meth:`KVPool.reserve_mapped`
+adds address room where a stored prefix's pages are mapped read-only straight from the
+package file (:meth:`KVPool.map_pages`, :mod:`.page_map`; the payload keeps each layer's
+slots on pages of their own). Those blocks are never allocated, freed or evicted and
+always count as shared, so a sequence appending into the prefix's last, partly filled
+block copies it first; the mapping itself is never written (a write would fault).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 from collections import OrderedDict
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import KVCacheFullError
+from .page_map import PAGE, map_file_pages
 
 __all__ = [
     "DEFAULT_KV",
@@ -284,6 +294,10 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     return np.frombuffer(buf, dtype, int(np.prod(shape))).reshape(shape)
 
 
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def block_hash(parent: bytes, tokens: np.ndarray | list[int]) -> bytes:
     """Chain hash of a full block: the parent block's hash and this block's token ids."""
     data = np.asarray(tokens, dtype="<i4").tobytes()
@@ -320,16 +334,80 @@ class KVPool:
                 f"KV budget {cfg.budget_bytes} B is below one block ({self.bytes_per_block} B)"
             )
         nb = self.num_blocks
-        self._arrays = {
-            name: _lazy_zeros((num_layers, nb, bs, *shape), np.dtype(dt))
-            for name, (shape, dt) in layout.arrays(num_kv_heads, head_dim, v_group).items()
-        }
-        self.refcount = np.zeros(nb, np.int32)
+        self._make_arrays(nb)
         self._free = list(range(nb - 1, -1, -1))  # pop() hands out low ids first
         self._cache: dict[bytes, int] = {}  # chain hash -> block
         self._hash_of: dict[int, bytes] = {}  # registered block -> its hash
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced registered blocks
         self.stats = KVStats()
+
+    def _make_arrays(self, total_blocks: int) -> None:
+        """Every part's array with room for ``total_blocks`` block ids (lazily committed)."""
+        parts = self.layout.arrays(self.num_kv_heads, self.head_dim, self.v_group)
+        lead = (self.num_layers, total_blocks, self.block_size)
+        self._arrays = {
+            name: _lazy_zeros((*lead, *shape), np.dtype(dt)) for name, (shape, dt) in parts.items()
+        }
+        self.refcount = np.zeros(total_blocks, np.int32)
+
+    # -- mapped blocks -------------------------------------------------------------
+    def mapping_alignment(self) -> int:
+        """Blocks per page-aligned step of every part's array: a mapped region starts at
+        a multiple of it, so each layer's stretch of each part starts on a page."""
+        step = 1
+        parts = self.layout.arrays(self.num_kv_heads, self.head_dim, self.v_group)
+        for shape, dt in parts.values():
+            block_bytes = self.block_size * math.prod(shape) * np.dtype(dt).itemsize
+            step = math.lcm(step, PAGE // math.gcd(PAGE, block_bytes))
+        return step
+
+    def reserve_mapped(self, token_counts: Seq[int]) -> list[int]:
+        """Address room past the allocatable blocks for prefixes of ``token_counts``
+        tokens to be mapped from a file; returns each one's first block id. Only while no
+        block is in use (the arrays are made anew; nothing is committed yet)."""
+        if self.refcount.any() or self._cache:
+            raise RuntimeError("mapped blocks are reserved before any block is used")
+        step = self.mapping_alignment()
+        first, pos = [], _round_up(self.num_blocks, step)
+        for n in token_counts:
+            first.append(pos)
+            pos += _round_up(-(-n // self.block_size), step)
+        self._make_arrays(pos)
+        return first
+
+    def is_mapped(self, block: int) -> bool:
+        return block >= self.num_blocks
+
+    def mapped_region(self, name: str, layer: int, first: int, n_tokens: int) -> np.ndarray:
+        """The ``n_tokens`` slots from block ``first`` of part ``name`` of ``layer``."""
+        arr = self._arrays[name][layer]
+        flat = arr.reshape(arr.shape[0] * arr.shape[1], *arr.shape[2:])
+        start = first * self.block_size
+        return flat[start : start + n_tokens]
+
+    def map_pages(self, first: int, pages: dict[str, list[tuple[int, int]]], n_tokens: int) -> bool:
+        """Map ``n_tokens`` slots of each part and layer, from ``pages[name][layer]`` =
+        (fd, file offset), over the reserved blocks from ``first``. False (and the region
+        left as it was where it was not mapped yet) when the platform or an offset does
+        not allow it; the caller then writes the pages instead."""
+        for name, per_layer in pages.items():
+            for layer, (fd, offset) in enumerate(per_layer):
+                region = self.mapped_region(name, layer, first, n_tokens)
+                length = _round_up(region.nbytes, PAGE)
+                if not map_file_pages(region.__array_interface__["data"][0], length, fd, offset):
+                    return False
+        return True
+
+    def mapped_sequence(self, first: int, tokens: Seq[int]) -> Sequence:
+        """A sequence holding ``tokens`` whose K/V are the mapped blocks from ``first``,
+        registered in the prefix cache like a computed one."""
+        seq = Sequence(self)
+        seq.blocks = list(range(first, first + -(-len(tokens) // self.block_size)))
+        for b in seq.blocks:
+            self.retain(b)
+        seq._pending = [int(t) for t in tokens]
+        seq.commit()
+        return seq
 
     # -- views ---------------------------------------------------------------------
     def layer(self, i: int) -> LayerKV:
@@ -370,7 +448,7 @@ class KVPool:
 
     def is_shared(self, block: int) -> bool:
         """True when writing ``block`` in place would change what someone else sees."""
-        return self.refcount[block] > 1 or block in self._hash_of
+        return self.refcount[block] > 1 or block in self._hash_of or self.is_mapped(block)
 
     # -- block lifecycle ---------------------------------------------------------------
     def allocate(self) -> int:
@@ -399,7 +477,7 @@ class KVPool:
         if self.refcount[block] <= 0:
             raise RuntimeError(f"KV block {block} released more often than retained")
         self.refcount[block] -= 1
-        if self.refcount[block] == 0:
+        if self.refcount[block] == 0 and not self.is_mapped(block):
             if block in self._hash_of:
                 self._lru[block] = None  # most recently used end
             else:

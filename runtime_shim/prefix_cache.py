@@ -7,11 +7,16 @@ is hash-checked (a tampered one fails like any corrupt section) and its
 (:func:`model_binding`); one that differs is ignored with one warning naming the field,
 and its prefix is computed as if it were not there.
 
-A valid cache's arrays are views of the package mapping. The first prompt that starts
-with its tokens writes them into pool blocks once (:func:`write_pages`, the same slots a
-prefill would fill); those blocks stay pinned by the store and every later session
-attaches them by refcount, so a session appending into the shared last block gets its
-own copy (the pool's copy-on-write). The prompt's remaining tokens are the only prefill.
+A valid cache's arrays are views of the package mapping. Where the payload keeps each
+layer's slots on pages of their own (version 2, what the packager writes), its pages are
+mapped read-only from the package file straight into reserved pool blocks at open
+(:meth:`~.kv_cache.KVPool.map_pages`): no copy, shared by every session, never written
+(a session appending into the prefix's last, partly filled block copies that block
+first: the pool's copy-on-write). Otherwise (a version 1 payload, a platform that cannot
+map at an address) the first prompt that starts with its tokens writes them into pool
+blocks once (:func:`write_pages`, the same slots a prefill would fill). Either way the
+store pins them, every later session attaches them by refcount, and the prompt's
+remaining tokens are the only prefill.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ from edgepack.format.prefix_cache import KVBinding, PrefixCache, decode_prefix_c
 
 from .kv_cache import KV_LAYOUT_VERSION, KVPool
 from .kv_cache import Sequence as KVSequence
+from .page_map import PAGE
 
 if TYPE_CHECKING:
+    from edgepack.format import Package
+
     from .model import Model
 
 __all__ = [
@@ -151,6 +159,7 @@ class PrefixStore:
         self.caches = caches
         self.ignored = ignored or []  # (section name, cache, the binding field that differs)
         self._seqs: dict[int, KVSequence] = {}  # cache index -> its pinned sequence
+        self.mapped: set[int] = set()  # caches whose pages are mapped from the package
         self.hits = 0
 
     @classmethod
@@ -175,7 +184,24 @@ class PrefixStore:
                 ignored.append((sec.name, cache, field))
                 continue
             caches.append((sec.name, cache))
-        return cls(caches, ignored)
+        store = cls(caches, ignored)
+        store._map(model.package, model.kv_pool)
+        return store
+
+    def _map(self, pkg: Package, pool: KVPool) -> None:
+        """Map the pages of every cache that allows it into reserved pool blocks."""
+        pages = {i: _file_pages(pkg, cache) for i, (_name, cache) in enumerate(self.caches)}
+        wanted = [i for i, p in pages.items() if p is not None]
+        if not wanted:
+            return
+        firsts = pool.reserve_mapped([self.caches[i][1].num_tokens for i in wanted])
+        for i, first in zip(wanted, firsts, strict=True):
+            cache = self.caches[i][1]
+            if pool.map_pages(first, pages[i], cache.num_tokens):
+                self._seqs[i] = pool.mapped_sequence(first, cache.tokens.tolist())
+                self.mapped.add(i)
+            else:
+                _log.info("prefix cache %r: pages copied (not mappable here)", self.caches[i][0])
 
     def match(self, ids: Sequence[int]) -> int | None:
         """Index of the longest stored prefix of ``ids`` (None: none is)."""
@@ -206,6 +232,21 @@ class PrefixStore:
             out.truncate(limit)
         seq.pool.stats.prefix_hit_tokens += out.length
         return out
+
+
+def _file_pages(pkg: Package, cache: PrefixCache) -> dict[str, list[tuple[int, int]]] | None:
+    """(fd, file offset) of each layer's slots of each part, or None unless every one is
+    contiguous and starts on a page of the package file (a version 2 payload)."""
+    fd, out = pkg.fileno(), {}
+    for name, a in cache.arrays.items():
+        per_layer = []
+        for layer in a:
+            off = pkg.mapped_offset(layer) if layer.flags.c_contiguous else None
+            if off is None or off % PAGE:
+                return None
+            per_layer.append((fd, off))
+        out[name] = per_layer
+    return out
 
 
 def layout_mismatch(cache: PrefixCache, pool: KVPool) -> str | None:

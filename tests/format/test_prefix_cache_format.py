@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from edgepack.format.constants import SPAN_ALIGNMENT
+from edgepack.format.constants import PAGE_SIZE, SPAN_ALIGNMENT
 from edgepack.format.errors import CorruptPackageError, UnsupportedFeatureError
 from edgepack.format.prefix_cache import (
     KVBinding,
@@ -139,3 +139,35 @@ def test_random_damage_never_escapes_the_error_tree() -> None:
             decode_prefix_cache(bytes(b))
         except CorruptPackageError:
             pass
+
+
+def test_paged_payload_puts_each_layer_on_pages_of_its_own() -> None:
+    cache = _cache()
+    payload = encode_prefix_cache(cache, paged=True)
+    assert struct.unpack_from("<I", payload, 8)[0] == 2
+    buf = bytearray(payload)
+    got = decode_prefix_cache(memoryview(buf))
+    base = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
+    for name, a in got.arrays.items():
+        assert np.array_equal(a, cache.arrays[name])
+        for layer in a:
+            assert layer.flags.c_contiguous
+            assert (layer.__array_interface__["data"][0] - base) % PAGE_SIZE == 0
+    assert np.shares_memory(got.arrays["k"], np.frombuffer(buf, np.uint8))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["arrays"][0].update(layer_stride=100),  # not whole pages
+        lambda d: d["arrays"][0].update(layer_stride=0),  # layers overlap
+        lambda d: d["arrays"][0].update(layer_stride=1 << 30),  # past the end
+        lambda d: d["arrays"][1].update(offset=d["arrays"][0]["offset"]),  # overlap
+    ],
+)
+def test_inconsistent_paged_descriptor_is_corrupt(edit) -> None:
+    payload = encode_prefix_cache(_cache(), paged=True)
+    doc, _ = _descriptor(payload)
+    edit(doc)
+    with pytest.raises(CorruptPackageError):
+        decode_prefix_cache(_with_descriptor(payload, doc))
