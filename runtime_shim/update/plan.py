@@ -1,8 +1,10 @@
 """The update-check answer, checked against the TUF-signed targets before any use.
 
 The answer itself is not signed: every path, length and hash in it is either equal to
-the signed target of that path (releases, precomputed deltas) or, for an on-demand
-delta, only bounded (its output is what gets verified, against the signed release).
+the signed target of that path (releases, precomputed deltas, adapter releases) or, for
+an on-demand delta, only bounded (its output is what gets verified, against the signed
+release). An ``adapter`` plan names exactly one signed ``adapter`` target: an
+adapter-only package for the installed base, installed next to it (the base stays).
 """
 
 from __future__ import annotations
@@ -65,8 +67,18 @@ class UpdateCheckResult:
         return next((t for t in self.targets if t.kind == "delta"), None)
 
     @property
+    def adapter(self) -> PlannedTarget | None:
+        return next((t for t in self.targets if t.kind == "adapter"), None)
+
+    @property
+    def installs(self) -> PlannedTarget | None:
+        """What the device ends with: the release package, or (``adapter`` plan) the
+        adapter package installed next to the kept base."""
+        return self.adapter if self.plan == "adapter" else self.package
+
+    @property
     def download_bytes(self) -> int:
-        first = self.delta if self.plan == "delta" else self.package
+        first = self.delta if self.plan == "delta" else self.installs
         return first.length if first is not None else 0
 
     def to_json(self) -> dict[str, Any]:
@@ -108,8 +120,6 @@ def verify_plan(
     reason = str(answer.get("reason", ""))[:4096]
     if plan == "none":
         return UpdateCheckResult("none", answer.get("release"), reason)
-    if plan == "adapter":
-        raise MetadataError("adapter plans are not supported by this client yet")
     raw = answer.get("targets")
     if not isinstance(raw, list) or not 1 <= len(raw) <= 8:
         raise MetadataError("the update-check answer lists no targets")
@@ -123,7 +133,7 @@ def verify_plan(
             raise MetadataError(f"target {path}: length out of bounds")
         if not isinstance(sha256, str) or len(sha256) != 64:
             raise MetadataError(f"target {path}: no SHA-256")
-        signed = t.get("signed", True) is not False or t["kind"] == "package"
+        signed = t.get("signed", True) is not False or t["kind"] in ("package", "adapter")
         chunks = None
         if signed:
             info = get_targetinfo(path)
@@ -137,7 +147,10 @@ def verify_plan(
                 _check_not_older(custom, path, installed_version, installed_sha256, sha256)
         out.append(PlannedTarget(path, t["kind"], length, sha256, signed, chunks))
     result = UpdateCheckResult(plan, answer.get("release"), reason, tuple(out))
-    if result.package is None or (plan == "delta" and result.delta is None):
+    if plan == "adapter":
+        if len(out) != 1 or result.adapter is None:
+            raise MetadataError("an adapter plan names exactly one adapter target")
+    elif result.package is None or (plan == "delta" and result.delta is None):
         raise MetadataError(f"a {plan} plan without its package (and delta) target")
     return result
 

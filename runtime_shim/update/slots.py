@@ -3,6 +3,8 @@
     <slot_dir>/journal.json      which slot is active, and where an update stands
     <slot_dir>/a/model.epk       slot a
     <slot_dir>/b/model.epk       slot b
+    <slot_dir>/a/adapters/       adapter-only packages installed for slot a's model,
+                                 each named ``<sha256>.epk`` (:func:`slot_adapters`)
     <slot_dir>/tuf/              trusted TUF metadata (root.json, timestamp.json, ...)
     <slot_dir>/downloads/        verified downloads and resumable ``.part`` files
 
@@ -11,13 +13,17 @@ it names are durable), so after a power cut at any instant it names a slot whose
 opens and verifies. States of an update: ``checked`` -> ``downloading`` ->
 ``downloaded`` -> ``staging`` -> ``staged`` -> ``switched`` -> ``healthy`` (committed)
 or ``rolled_back``. Only ``switched`` names an active slot not yet proven healthy; the
-next run finishes its health check (and switches back on failure).
+next run finishes its health check (and switches back on failure). An ``adapter`` plan
+keeps the active slot: the adapter is verified, bound to the slot's model and health
+checked under a temporary name, then renamed into the slot's ``adapters/`` (durably); a
+slot's adapters are removed before another model is staged into it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,12 +31,14 @@ from typing import Any
 from .durable import write_json_durably
 from .errors import NotInstalledError, SlotError
 
-__all__ = ["SLOTS", "STATES", "Journal", "SlotDir", "open_slot"]
+__all__ = ["SLOTS", "STATES", "Journal", "SlotDir", "open_slot", "slot_adapters"]
 
 SLOTS = ("a", "b")
 MODEL_FILE = "model.epk"
 JOURNAL_FILE = "journal.json"
 JOURNAL_SCHEMA = 1
+ADAPTER_DIR = "adapters"
+_ADAPTER_NAME = re.compile(r"[0-9a-f]{64}\.epk")
 STATES = (
     "idle",
     "checked",
@@ -102,6 +110,19 @@ class SlotDir:
     def model_path(self, slot: str) -> Path:
         return self.slot_dir(slot) / MODEL_FILE
 
+    def adapter_dir(self, slot: str) -> Path:
+        return self.slot_dir(slot) / ADAPTER_DIR
+
+    def adapter_path(self, slot: str, sha256: str) -> Path:
+        return self.adapter_dir(slot) / f"{sha256}.epk"
+
+    def adapters(self, slot: str | None) -> list[Path]:
+        """The adapter packages installed for ``slot``'s model (none for no slot)."""
+        if slot is None or not self.adapter_dir(slot).is_dir():
+            return []
+        found = self.adapter_dir(slot).iterdir()
+        return sorted(p for p in found if _ADAPTER_NAME.fullmatch(p.name))
+
     def load(self) -> Journal:
         try:
             raw = self.journal_path.read_bytes()
@@ -136,3 +157,10 @@ def open_slot(slot_dir: str | os.PathLike[str], **open_kwargs: Any):  # -> Model
     from ..model import open as open_model
 
     return open_model(SlotDir(slot_dir).active_model(), **open_kwargs)
+
+
+def slot_adapters(slot_dir: str | os.PathLike[str]) -> list[Path]:
+    """The adapter packages installed for the model active in ``slot_dir``, for
+    ``model.load_adapter`` (each verified and bound to that model when installed)."""
+    slots = SlotDir(slot_dir)
+    return slots.adapters(slots.load().active)

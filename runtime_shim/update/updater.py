@@ -4,8 +4,11 @@ It refreshes TUF metadata (python-tuf's trusted metadata state does the verifyin
 asks the server for the cheapest plan, checks the plan against the signed targets,
 downloads through :class:`~.fetcher.RangeFetcher` (resumable, chunk-verified), stages
 into the inactive slot, verifies, switches via the journal and health-checks, switching
-back by itself on failure. Each step is idempotent on the files it leaves, so a run
-after a power cut at any instant resumes where the last one stopped.
+back by itself on failure. An ``adapter`` plan (offered because the check lists
+``ADAPTER_PLAN_OPERATOR``) installs an adapter-only package next to the active model
+instead: verified, loaded on it (bound to its weights) and health-checked before it is
+renamed into place; the active slot never changes. Each step is idempotent on the files
+it leaves, so a run after a power cut at any instant resumes where the last one stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgepack.format.constants import ADAPTER_PLAN_OPERATOR
 from edgepack.format.errors import EdgepackError
 
 from .config import UpdateConfig
@@ -123,7 +127,7 @@ class Updater:
             journal.active_version,
             journal.active_sha256,
         )
-        if check.plan != "none" and check.package.sha256 in journal.bad_sha256:
+        if check.plan != "none" and check.installs.sha256 in journal.bad_sha256:
             check = UpdateCheckResult(
                 "none", check.release, f"release {check.release} failed its health check here"
             )
@@ -136,12 +140,14 @@ class Updater:
     def download(self, progress: Progress | None = None) -> Path:
         """Fetch the plan's first target (the delta, or the package) verified."""
         check = self._need_check()
-        target = check.delta if check.plan == "delta" else check.package
+        target = check.delta if check.plan == "delta" else check.installs
         return self._download(target, progress)
 
     def apply(self) -> UpdateResult:
         """Stage, verify, switch and health-check; switch back if unhealthy."""
         check = self._need_check()
+        if check.plan == "adapter":
+            return self._apply_adapter(check)
         new = self.slots.other(self.slots.load().active)
         fell_back = False
         try:
@@ -183,7 +189,7 @@ class Updater:
             elif self.download_allowed is not None and not self.download_allowed():
                 result = UpdateResult(
                     "up_to_date", check.plan, self.slots.load().active_version,
-                    full_bytes=check.package.length, reason="downloading is not allowed now",
+                    full_bytes=check.installs.length, reason="downloading is not allowed now",
                 )
             else:
                 result = self.apply()
@@ -193,7 +199,7 @@ class Updater:
                 self._check.plan if self._check else "none",
                 self._safe_version(),
                 self.bytes_downloaded,
-                self._check.package.length if self._check and self._check.package else 0,
+                self._check.installs.length if self._check and self._check.installs else 0,
                 reason=str(e).splitlines()[0] if str(e) else type(e).__name__,
                 error=type(e).__name__,
             )
@@ -247,10 +253,10 @@ class Updater:
             "installed_sha256": journal.active_sha256,
             "runtime_version": caps.runtime_version,
             "operator_set_version": max(caps.operator_set_versions),
-            "operators": dict(caps.operators),
+            "operators": {**caps.operators, ADAPTER_PLAN_OPERATOR: 1},  # it installs them
             "channel": self.channel,
             "model": model,
-            "adapters": [],
+            "adapters": [p.name.removesuffix(".epk") for p in self.slots.adapters(journal.active)],
             "free_bytes": shutil.disk_usage(self.slots.root).free,
         }
         url = f"{self.server_url}/v1/update-check"
@@ -278,7 +284,7 @@ class Updater:
     def _download(self, target: PlannedTarget, progress: Progress | None) -> Path:
         from .download import DownloadTarget, download_target
 
-        self._require_space(target.length + self._check.package.length)
+        self._require_space(target.length + self._check.installs.length)
         journal = self.slots.load()
         self.slots.save(journal.evolve(state="downloading"))
         crash_point("downloading")
@@ -322,6 +328,8 @@ class Updater:
 
         package = check.package
         dest = self.slots.model_path(slot)
+        # the slot's adapters were bound to the model it held
+        shutil.rmtree(self.slots.adapter_dir(slot), ignore_errors=True)
         if not (dest.exists() and dest.stat().st_size == package.length
                 and file_sha256(dest) == package.sha256):
             tmp = dest.with_name(dest.name + ".staging")
@@ -341,6 +349,77 @@ class Updater:
             replace_durably(tmp, dest)
             crash_point("staging-replaced")
         self._verify_package(dest)
+
+    def _apply_adapter(self, check: UpdateCheckResult) -> UpdateResult:
+        """Install the plan's adapter package for the active model (which stays)."""
+        from .download import file_sha256
+
+        target = check.adapter
+        assert target is not None
+        journal = self.slots.load()
+        if journal.active is None:
+            raise SlotError("an adapter plan needs an installed model to bind to")
+        downloaded = self._downloaded or self.download(self.on_progress)
+        self.slots.save(self.slots.load().evolve(state="staging"))
+        crash_point("staging")
+        dest = self.slots.adapter_path(journal.active, target.sha256)
+        if not (dest.exists() and file_sha256(dest) == target.sha256):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".staging")
+            shutil.copyfile(downloaded, tmp)
+            crash_point("staging-written")
+            if tmp.stat().st_size != target.length or file_sha256(tmp) != target.sha256:
+                tmp.unlink()
+                raise TargetVerificationError(
+                    f"the staged adapter does not match the signed {target.path}"
+                )
+            self._verify_package(tmp)
+            unhealthy = self._adapter_health(self.slots.model_path(journal.active), tmp)
+            if unhealthy is not None:
+                tmp.unlink()
+                j = self.slots.load()
+                self.slots.save(
+                    j.evolve(state="rolled_back", reason=unhealthy,
+                             bad_sha256=(*j.bad_sha256, target.sha256))
+                )  # fmt: skip
+                return UpdateResult(
+                    "rolled_back", "adapter", journal.active_version, self.bytes_downloaded,
+                    target.length, reason=unhealthy,
+                )  # fmt: skip
+            replace_durably(tmp, dest)
+            crash_point("staging-replaced")
+        self.slots.save(self.slots.load().evolve(state="healthy", reason=""))
+        crash_point("health-checked")
+        for p in self.slots.download_dir.iterdir():
+            p.unlink(missing_ok=True)
+        fsync_dir(self.slots.download_dir)
+        return UpdateResult(
+            "updated", "adapter", journal.active_version, self.bytes_downloaded,
+            target.length, reason=check.reason,
+        )  # fmt: skip
+
+    def _adapter_health(self, base: Path, adapter: Path) -> str | None:
+        """None when the adapter loads on ``base`` (bound to its weights, covering its
+        tensors) and gives finite logits on the health prompt; else the reason."""
+        import numpy as np
+
+        from ..model import open as open_model
+
+        try:
+            with open_model(
+                base, self.package_keys, threads=self.config.health_threads, verify="full"
+            ) as model:
+                handle = model.load_adapter(adapter)
+                vocab = model.config.vocab_size
+                ids = [i % vocab for i in self.config.health_prompt_ids]
+                with model.session(adapter=handle) as s:
+                    if not np.isfinite(s.logits(ids)).all():
+                        raise HealthCheckError("the adapter gave NaN/Inf on the health prompt")
+                if self.health_hook is not None:
+                    self.health_hook(model)
+        except Exception as e:
+            return f"adapter health check failed: {type(e).__name__}: {str(e)[:300]}"
+        return None
 
     def _verify_package(self, path: Path) -> None:
         from edgepack.format import Package
