@@ -169,3 +169,35 @@ def test_kill_at_every_crash_point_of_an_adapter_install(world: dict[str, Any]) 
         assert result.result in ("updated", "up_to_date"), (at, labels[at - 1], result)
         adapted, _plain = _adapted_logits(slots)
         assert np.isfinite(adapted).all()
+
+
+class _Info:
+    def __init__(self, length: int, sha: str) -> None:
+        self.length, self.hashes, self.custom = length, {"sha256": sha}, {}
+
+
+def _answer(*targets: dict[str, Any]) -> dict[str, Any]:
+    return {"plan": "adapter", "release": "1.0.1", "reason": "", "targets": list(targets)}
+
+
+def _target(kind: str = "adapter", signed: bool = True) -> dict[str, Any]:
+    return {"path": f"tiny/beta/{kind}.epk", "length": 10, "sha256": "a" * 64, "kind": kind,
+            "signed": signed}  # fmt: skip
+
+
+def test_an_adapter_plan_is_checked_against_the_signed_targets() -> None:
+    from edgepack.runtime_shim.update import MetadataError, UnsafeTargetError
+    from edgepack.runtime_shim.update.plan import verify_plan
+
+    signed = lambda path: _Info(10, "a" * 64)  # noqa: E731
+    ok = verify_plan(_answer(_target()), signed, UpdateConfig(), "1.0.0", "b" * 64)
+    assert ok.plan == "adapter" and ok.installs == ok.adapter and ok.package is None
+    assert ok.download_bytes == 10
+    # "signed": false does not exempt an adapter from the signed targets
+    with pytest.raises(UnsafeTargetError):
+        verify_plan(_answer(_target(signed=False)), lambda p: None, UpdateConfig(), None, None)
+    with pytest.raises(UnsafeTargetError):
+        verify_plan(_answer(_target()), lambda p: _Info(10, "c" * 64), UpdateConfig(), None, None)
+    for bad in (_answer(_target("package")), _answer(_target(), _target("delta"))):
+        with pytest.raises(MetadataError):
+            verify_plan(bad, signed, UpdateConfig(), None, None)
