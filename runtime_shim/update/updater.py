@@ -341,11 +341,7 @@ class Updater:
             else:
                 shutil.copyfile(source, tmp)
             crash_point("staging-written")
-            if tmp.stat().st_size != package.length or file_sha256(tmp) != package.sha256:
-                tmp.unlink()
-                raise TargetVerificationError(
-                    f"the staged package does not match the signed {package.path}"
-                )
+            _check_staged(tmp, package, "package")
             replace_durably(tmp, dest)
             crash_point("staging-replaced")
         self._verify_package(dest)
@@ -368,11 +364,7 @@ class Updater:
             tmp = dest.with_name(dest.name + ".staging")
             shutil.copyfile(downloaded, tmp)
             crash_point("staging-written")
-            if tmp.stat().st_size != target.length or file_sha256(tmp) != target.sha256:
-                tmp.unlink()
-                raise TargetVerificationError(
-                    f"the staged adapter does not match the signed {target.path}"
-                )
+            _check_staged(tmp, target, "adapter")
             self._verify_package(tmp)
             unhealthy = self._adapter_health(self.slots.model_path(journal.active), tmp)
             if unhealthy is not None:
@@ -517,6 +509,15 @@ class Updater:
             return self.slots.load().active_version
         except EdgepackError:
             return None
+
+
+def _check_staged(tmp: Path, target: PlannedTarget, what: str) -> None:
+    """``tmp`` holds the signed target's bytes; else it is removed and refused."""
+    from .download import file_sha256
+
+    if tmp.stat().st_size != target.length or file_sha256(tmp) != target.sha256:
+        tmp.unlink()
+        raise TargetVerificationError(f"the staged {what} does not match the signed {target.path}")
 
 
 def _count(value: Any) -> int:
