@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgepack.format import SectionKind
+from edgepack.format.constants import PAGE_SIZE
 from edgepack.format.prefix_cache import KVBinding, PrefixCache, decode_prefix_cache
 
 from .kv_cache import KV_LAYOUT_VERSION, KVPool
@@ -236,7 +237,10 @@ class PrefixStore:
 
 def _file_pages(pkg: Package, cache: PrefixCache) -> dict[str, list[tuple[int, int]]] | None:
     """(fd, file offset) of each layer's slots of each part, or None unless every one is
-    contiguous and starts on a page of the package file (a version 2 payload)."""
+    contiguous and starts on a page of the package file (a version 2 payload) and this
+    system's pages divide the format's (a mapping never reaches past a layer's pages)."""
+    if PAGE_SIZE % PAGE:
+        return None
     fd, out = pkg.fileno(), {}
     for name, a in cache.arrays.items():
         per_layer = []
