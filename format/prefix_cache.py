@@ -264,6 +264,8 @@ def _view(
             raise CorruptPackageError(f"prefix cache: {what} is out of bounds or unaligned")
         used.append((offset, offset + nbytes))
         return np.frombuffer(view, dt, math.prod(shape), offset).reshape(shape)
+    if not shape[0]:
+        raise CorruptPackageError(f"prefix cache: {what} holds no layer")
     run = nbytes // shape[0]
     if (
         not isinstance(layer_stride, int)
@@ -278,8 +280,10 @@ def _view(
     starts = [offset + i * layer_stride for i in range(shape[0])]
     used.extend((start, start + run) for start in starts)
     inner = np.frombuffer(view, np.uint8, end - offset, offset)
-    strides = (layer_stride, *np.empty(shape[1:], dt).strides)
-    return np.ndarray(shape, dt, inner, 0, strides)
+    inner_strides = [dt.itemsize]
+    for d in reversed(shape[2:]):
+        inner_strides.insert(0, inner_strides[0] * d)
+    return np.ndarray(shape, dt, inner, 0, (layer_stride, *inner_strides))
 
 
 def _count(v: object, what: str, limit: int) -> int:

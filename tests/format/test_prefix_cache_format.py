@@ -163,6 +163,9 @@ def test_paged_payload_puts_each_layer_on_pages_of_its_own() -> None:
         lambda d: d["arrays"][0].update(layer_stride=0),  # layers overlap
         lambda d: d["arrays"][0].update(layer_stride=1 << 30),  # past the end
         lambda d: d["arrays"][1].update(offset=d["arrays"][0]["offset"]),  # overlap
+        lambda d: d["arrays"][0].update(layer_stride="4096"),
+        lambda d: d.update(binding={**d["binding"], "num_layers": 0})
+        or [a.update(shape=[0, *a["shape"][1:]]) for a in d["arrays"]],  # no layer
     ],
 )
 def test_inconsistent_paged_descriptor_is_corrupt(edit) -> None:
@@ -171,3 +174,16 @@ def test_inconsistent_paged_descriptor_is_corrupt(edit) -> None:
     edit(doc)
     with pytest.raises(CorruptPackageError):
         decode_prefix_cache(_with_descriptor(payload, doc))
+
+
+def test_random_damage_to_a_paged_payload_never_escapes_the_error_tree() -> None:
+    payload = encode_prefix_cache(_cache(), paged=True)
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        b = bytearray(payload)
+        for i in rng.integers(0, 16 + _descriptor(payload)[1], 3):
+            b[i] = int(rng.integers(0, 256))
+        try:
+            decode_prefix_cache(bytes(b))
+        except (CorruptPackageError, UnsupportedFeatureError):
+            pass
