@@ -23,6 +23,7 @@ from edgepack.format.prefix_cache import encode_prefix_cache
 
 from .errors import InputError
 from .prefix_write import NewSection, rewrite_with_sections
+from .recipe import PrefixSpec
 
 __all__ = [
     "PREFIX_MEDIA_TYPE",
@@ -31,6 +32,7 @@ __all__ = [
     "PrefixRequest",
     "add_prefix_caches",
     "read_prefix_file",
+    "recipe_prefixes",
     "write_with_prefixes",
 ]
 
@@ -65,6 +67,13 @@ class PrefixCacheInfo:
 
     def summary(self) -> str:
         return f"prefix cache {self.name}: {self.tokens} tokens, {self.nbytes:,} bytes of K/V"
+
+
+def recipe_prefixes(specs: Sequence[PrefixSpec]) -> PrefixRequest | None:
+    """A recipe's ``[[prefixes]]`` as the request ``--prefix-file`` makes (None: none)."""
+    if not specs:
+        return None
+    return PrefixRequest(tuple(p.text for p in specs), specs[0].system)
 
 
 def read_prefix_file(path: str | os.PathLike[str]) -> list[str]:

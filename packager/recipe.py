@@ -51,9 +51,10 @@ encodings, regexes, budgets), so a bad recipe fails before minutes of calibratio
     ctx = 512                       # tokens per chunk (edgepack eval's protocol)
     chunks = 0                      # at most this many chunks (0 = the whole text)
 
-    [[prefixes]]                    # placeholders: used by the prefix-KV issue
+    [[prefixes]]                    # build stores their KV caches (as --prefix-file)
     name = "system"
     text = "You are a helpful assistant."
+    system = true                   # a system prompt: rendered through the chat template
 
     [[adapters]]                    # placeholders: used by the LoRA issue
     name = "style"
@@ -180,6 +181,7 @@ class EvalSpec:
 class PrefixSpec:
     name: str
     text: str
+    system: bool = False  # as --prefix-system: one value for every entry
 
 
 @dataclass(frozen=True)
@@ -417,6 +419,10 @@ def _validate(r: Recipe, where: str) -> None:
         raise RecipeError(f"{where}: kv_cache keys must be int8, f16 or f32")
     if r.kv_cache.values not in ("int4", "int8", "f16", "f32"):
         raise RecipeError(f"{where}: kv_cache values must be int4, int8, f16 or f32")
+    if len({p.system for p in r.prefixes}) > 1:
+        raise RecipeError(f"{where}: [[prefixes]] are all system prompts or none (system)")
+    if any(not p.text for p in r.prefixes):
+        raise RecipeError(f"{where}: a [[prefixes]] text is empty")
     names = [p.name for p in r.prefixes] + [a.name for a in r.adapters]
     if len(set(names)) != len(names) or any(not n for n in names):
         raise RecipeError(f"{where}: prefix and adapter names must be unique and non-empty")

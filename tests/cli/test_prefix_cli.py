@@ -81,3 +81,17 @@ def test_bad_prefix_file_is_a_usage_error(gguf: Path, tmp_path: Path) -> None:
     args = ["convert", str(gguf), "-o", str(tmp_path / "x.epk"), "--prefix-file", str(bad)]
     assert main(args) == 2
     assert main(["convert", str(gguf), "-o", str(tmp_path / "y.epk"), "--prefix-system"]) == 2
+
+
+def test_build_stores_the_recipe_prefixes(gguf: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[prefixes]]\nname = "system"\ntext = "{SYSTEM}"\nsystem = true\n')
+    out = tmp_path / "m.epk"
+    assert main(["build", str(gguf), "-o", str(out), "--no-report", "--recipe", str(recipe)]) == 0
+    with open_model(out, verify="none") as m:
+        ((_name, cache),) = m.prefix_store.caches
+        assert cache.text == SYSTEM
+        s = m.session()
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+        list(s.chat(msgs, max_tokens=2))
+        assert s.stats.cached_prompt_tokens == cache.num_tokens

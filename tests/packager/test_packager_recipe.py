@@ -96,6 +96,9 @@ def test_defaults() -> None:
         ({"kv_cache": {"values": "int2"}}, "kv_cache values"),
         ({"prefixes": [{"name": "a", "text": "x"}, {"name": "a", "text": "y"}]}, "unique"),
         ({"prefixes": [{"name": "a"}]}, "text"),
+        ({"prefixes": [{"name": "a", "text": "x", "system": True}, {"name": "b", "text": "y"}]},
+         "all system prompts or none"),
+        ({"prefixes": [{"name": "a", "text": ""}]}, "text is empty"),
         ({"something": {}}, "unknown key"),
     ],
 )
