@@ -16,7 +16,8 @@ or ``rolled_back``. Only ``switched`` names an active slot not yet proven health
 next run finishes its health check (and switches back on failure). An ``adapter`` plan
 keeps the active slot: the adapter is verified, bound to the slot's model and health
 checked under a temporary name, then renamed into the slot's ``adapters/`` (durably); a
-slot's adapters are removed before another model is staged into it.
+slot's adapters are removed before another model is staged into it, and copied over
+from the active slot when the staged model has the same weights digest.
 """
 
 from __future__ import annotations

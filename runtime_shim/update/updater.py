@@ -163,6 +163,7 @@ class Updater:
             self._stage(check, full, new, delta=False)
         journal = self.slots.load()
         version = self._version_of(self.slots.model_path(new))
+        self._carry_adapters(journal.active, new)
         self.slots.save(journal.evolve(state="staged"))
         crash_point("staged")
         self._switch(new, check.package.sha256, version)
@@ -345,6 +346,25 @@ class Updater:
             replace_durably(tmp, dest)
             crash_point("staging-replaced")
         self._verify_package(dest)
+
+    def _carry_adapters(self, old: str | None, new: str) -> None:
+        """Copy ``old``'s adapters into ``new`` when both slots hold the same weights
+        (a release that changed only other parts: the adapters stay bound to it)."""
+        from edgepack.format import Package
+
+        adapters = self.slots.adapters(old)
+        if old is None or not adapters:
+            return
+        with Package.open(self.slots.model_path(old)) as a, Package.open(
+            self.slots.model_path(new)
+        ) as b:
+            if a.weights_digest != b.weights_digest:
+                return
+        self.slots.adapter_dir(new).mkdir(parents=True, exist_ok=True)
+        for src in adapters:
+            tmp = self.slots.adapter_dir(new) / f"{src.name}.staging"
+            shutil.copyfile(src, tmp)
+            replace_durably(tmp, self.slots.adapter_dir(new) / src.name)
 
     def _apply_adapter(self, check: UpdateCheckResult) -> UpdateResult:
         """Install the plan's adapter package for the active model (which stays)."""

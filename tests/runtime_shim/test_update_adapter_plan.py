@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,19 +70,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     first = _updater(url, root, on_base).check_and_apply()
     assert first.result == "updated" and first.plan == "full", first
     repo.publish(adapter, "beta", model="tiny")
+    for pkg in (base, adapter):  # gamma: for the test that publishes a release after them
+        repo.publish(pkg, "gamma", model="tiny")
     server.stop()  # restart: no waiting for the view to refresh
     server = ServeProcess(store, tmp / "server.log", "--refresh-seconds", "0.2")
     url = f"http://127.0.0.1:{server.port}"
     try:
         yield {"tmp": tmp, "url": url, "root": root, "base": base, "adapter": adapter,
-               "on_base": on_base}  # fmt: skip
+               "on_base": on_base, "repo": repo}  # fmt: skip
     finally:
         server.stop()
 
 
-def _updater(url: str, root: Path, slots: Path) -> Updater:
+def _updater(url: str, root: Path, slots: Path, channel: str = "beta") -> Updater:
     return Updater(url, slots, root, UpdateConfig(read_bytes=4096), device_id="device-9",
-                   channel="beta", model="tiny")  # fmt: skip
+                   channel=channel, model="tiny")  # fmt: skip
 
 
 def _copy(world: dict[str, Any], name: str) -> Path:
@@ -141,6 +144,31 @@ def test_an_adapter_for_another_base_is_refused_and_not_installed(
     assert slot_adapters(slots) == []
     journal = json.loads((slots / "journal.json").read_text())
     assert check.adapter.sha256 in journal["bad_sha256"]
+
+
+def test_adapters_stay_installed_across_a_release_with_the_same_weights(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """A release that changes no weight (here only the version) keeps the adapters bound:
+    they move to the new slot with it and stay usable."""
+    from edgepack.format.resign import resign
+
+    slots = tmp_path / "gamma"
+    run = lambda: _updater(world["url"], world["root"], slots, "gamma").check_and_apply()  # noqa: E731
+    assert run().plan == "full"
+    assert run().plan == "adapter" and len(slot_adapters(slots)) == 1
+    newer = tmp_path / "tiny-1.1.0.epk"
+    resign(world["base"], newer, signing_keys=[make_key(0)], version="1.1.0")
+    world["repo"].publish(newer, "gamma", model="tiny")
+    time.sleep(0.6)  # the server's view refreshes every 0.2 s
+    result = run()
+    assert result.result == "updated" and result.version == "1.1.0", result
+    assert json.loads((slots / "journal.json").read_text())["active"] == "b"
+    (path,) = slot_adapters(slots)
+    assert path.parent == slots / "b" / "adapters"
+    adapted, plain = _adapted_logits(slots)
+    assert np.isfinite(adapted).all() and not np.array_equal(adapted, plain)
+    assert run().result == "up_to_date"
 
 
 def _child(world: dict[str, Any], slots: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
