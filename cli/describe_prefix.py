@@ -1,5 +1,6 @@
-"""What `edgepack inspect` says about a package's prefix KV caches: tokens, bytes and
-whether each is bound to this very package as the runtime opens it by default."""
+"""What `edgepack inspect` says about a package's prefix KV caches: tokens, bytes,
+whether each is bound to this very package as the runtime opens it by default, and
+whether its pages are mapped in place (else copied into the KV pool on first use)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def prefix_caches_json(pkg: Package) -> list[dict[str, Any]]:
     try:
         with rt.open(pkg.path, verify="none") as model:
             store = model.prefix_store
-            rows = [(name, cache, "ok") for name, cache in store.caches]
-            rows += [(name, cache, f"other {field}") for name, cache, field in store.ignored]
+            caches = enumerate(store.caches)
+            rows = [(name, cache, "ok", i in store.mapped) for i, (name, cache) in caches]
+            rows += [(name, cache, f"other {field}", False) for name, cache, field in store.ignored]
     except EdgepackError as exc:
         return [
             {"name": s.name, "bytes": s.data.length, "binding": f"unchecked: {exc}"}
@@ -40,8 +42,9 @@ def prefix_caches_json(pkg: Package) -> list[dict[str, Any]]:
             "kv_layout": cache.binding.kv_layout,
             "adapter": cache.binding.adapter.hex() or None,
             "binding": status,
+            "in_place": in_place,
         }
-        for name, cache, status in rows
+        for name, cache, status, in_place in rows
     ]
 
 
@@ -52,5 +55,8 @@ def describe_prefix_caches(pkg: Package) -> list[str]:
     lines = [f"  prefix caches {len(rows)}"]
     for r in rows:
         tokens = f"{r['tokens']:>6} tokens " if "tokens" in r else ""
-        lines.append(f"    {r['name']:<20} {tokens}{r['bytes']:>12,} B  binding {r['binding']}")
+        where = "  mapped in place" if r.get("in_place") else ""
+        lines.append(
+            f"    {r['name']:<20} {tokens}{r['bytes']:>12,} B  binding {r['binding']}{where}"
+        )
     return lines

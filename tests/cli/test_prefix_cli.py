@@ -4,6 +4,7 @@ the cache-only change between two releases is a small delta."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,7 @@ def test_build_stores_system_prompt_caches_signed_once(
     assert main(["inspect", "--json", str(out)]) == 0
     (row,) = json.loads(capsys.readouterr().out)["prefix_caches"]
     assert row["binding"] == "ok" and row["tokens"] > 5 and row["bytes"] > 0
+    assert row["in_place"] is (sys.platform in ("linux", "darwin"))  # mapped, not copied
 
 
 def test_changed_caches_ship_as_a_small_delta(
