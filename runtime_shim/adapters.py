@@ -3,11 +3,13 @@
 ``Model.load_adapter`` decodes a LORA_ADAPTER section (from the model's own package or
 an adapter-only one), refuses it unless it was made for these weights and every target
 is a matrix the decoder applies (:func:`edgepack.format.adapter.check_binding`), and
-keeps its factors as small float32 matrices: ``A^T [in, r]`` and ``scale * B^T [r, out]``.
-The base is never read or copied for it. A session picks one adapter (or none) and a
-scale; the layer chain adds ``s * (x A^T) B^T`` to each adapted projection
-(:mod:`.kernels.layer`), on the float and the int8-activation path alike (the int8
-path's adapter input is the same quantized activation the base matmul reads).
+keeps its factors as stored (``A [r, in]``, ``B [out, r]``, int8 per row by default): the
+native layer multiplies them in that encoding, so a decode step reads a quarter of the
+bytes float factors would take. The base is never read or copied for it. A session
+picks one adapter (or none) and a scale; the layer chain adds ``s * (x A^T) B^T`` to
+each adapted projection (:mod:`.kernels.layer`), on the float and the int8-activation
+path alike (the int8 path's adapter input is the same quantized activation the base
+matmul reads).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgepack.format.adapter import LoraAdapter, adapter_digest, check_binding, decode_adapter
+from edgepack.format.adapter import (
+    LoraAdapter,
+    LoraFactor,
+    adapter_digest,
+    check_binding,
+    decode_adapter,
+)
 from edgepack.format.errors import AdapterTargetError
 
 from .kernels.interface import QuantizedActivations
@@ -40,17 +48,21 @@ SLOTS = {
 
 @dataclass(frozen=True, eq=False)
 class LoraPair:
-    """One adapted projection: ``delta(x) = ((x @ a_t) * s) @ b_t``."""
+    """One adapted projection: ``delta(x) = ((x @ A^T) * (s * scale)) @ B^T``."""
 
-    a_t: np.ndarray  # float32 [in, r]
-    b_t: np.ndarray  # float32 [r, out], the target's scale folded in
+    a: LoraFactor  # [r, in], as stored
+    b: LoraFactor  # [out, r], as stored
+    scale: float  # the target's (alpha / r, or alpha / sqrt(r) for rsLoRA)
 
     def delta(self, x: np.ndarray | QuantizedActivations, scale: float) -> np.ndarray:
         xf = x.dequantize() if isinstance(x, QuantizedActivations) else x
-        h = xf @ self.a_t
-        if scale != 1.0:
-            h *= _F32(scale)
-        return h @ self.b_t
+        h = xf @ self.a.values().T  # dequantized per call: only the numpy chain needs floats
+        h *= _F32(scale * self.scale)
+        return h @ self.b.values().T
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.nbytes + self.b.nbytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,8 +99,8 @@ class AdapterHandle:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the float32 factors held in memory."""
-        return sum(p.a_t.nbytes + p.b_t.nbytes for ps in self.layers.values() for p in ps.values())
+        """Bytes of the factors held in memory (their stored encoding)."""
+        return sum(p.nbytes for ps in self.layers.values() for p in ps.values())
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,9 +142,7 @@ def load_payload(
                 f"adapter {adapter.name!r} targets {t.name}, which is not applied online "
                 "(only layer projections are): merge it with `edgepack merge-lora`"
             )
-        a_t = np.ascontiguousarray(t.a.values().T)
-        b_t = np.ascontiguousarray((t.b.values() * _F32(t.scale)).T)
-        layers.setdefault(index, {})[slot] = LoraPair(a_t, b_t)
+        layers.setdefault(index, {})[slot] = LoraPair(t.a, t.b, float(t.scale))
     return AdapterHandle(adapter, adapter_digest(payload), layers)
 
 

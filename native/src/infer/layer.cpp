@@ -44,10 +44,11 @@ struct Lin {
     int64_t act_group = 0;
     bool quantized = false;
     int64_t N = 0, K = 0;
-    // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with
-    // lora_a = A^T [K, rank] and lora_b = (target scale * B)^T [rank, N], both row-major.
-    const float* lora_a = nullptr;
-    const float* lora_b = nullptr;
+    // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with A [rank, K]
+    // and B [N, rank] as stored (int8 per row, f16 or f32) and s the session's scale times
+    // the target's.  rank == 0: no adapter.
+    WeightView lora_a, lora_b;
+    float lora_scale = 1.0f;
     int64_t rank = 0;
 };
 
@@ -80,8 +81,7 @@ struct LayerArgs {
     bool act = false;
     const float* x = nullptr;
     float* out = nullptr;
-    float lora_scale = 1.0f;  // the session's adapter scale (LayerLora.scale)
-    int64_t max_rank = 0;     // 0: no adapter on this layer
+    int64_t max_rank = 0;  // 0: no adapter on this layer
 };
 
 // Bump allocator over a grow-only per-thread buffer (the layer runs on the caller thread).
@@ -177,31 +177,45 @@ struct Runner {
             x.x = as_float(in, l.K);
             matmul_f32(*l.w, x, o);
         }
-        if (l.lora_a != nullptr) add_lora(l, in, y);
+        if (l.rank > 0) add_lora(l, in, y);
     }
 
-    // y[T, N] += s * (x A^T) B^T on the float values of the input the matmul read (the
-    // int8 path's quantized activations dequantized, as the numpy chain does).
+    // y[T, N] += s * (x A^T) B^T through the matmul kernels of the active ISA (vectorized,
+    // factors read in their stored encoding).  An int8 input meets int8 A in the integer
+    // kernel; otherwise A reads the input's float values (the int8 path's quantized
+    // activations dequantized, as the numpy chain does).
     void add_lora(const Lin& l, const Act& in, float* y) {
-        const float* x = lora_input(in, l.K);
         const int64_t r = l.rank;
-        float* __restrict h = ar.get<float>(a.T * r);
-        for (int64_t t = 0; t < a.T; ++t) {
-            float* __restrict ht = h + t * r;
-            for (int64_t j = 0; j < r; ++j) ht[j] = 0.0f;
-            const float* __restrict xt = x + t * l.K;
-            for (int64_t k = 0; k < l.K; ++k) {
-                const float xv = xt[k];
-                const float* __restrict ak = l.lora_a + k * r;
-                for (int64_t j = 0; j < r; ++j) ht[j] += xv * ak[j];
-            }
-            float* __restrict yt = y + t * l.N;
-            for (int64_t j = 0; j < r; ++j) {
-                const float hv = ht[j] * a.lora_scale;
-                const float* __restrict bj = l.lora_b + j * l.N;
-                for (int64_t n = 0; n < l.N; ++n) yt[n] += hv * bj[n];
-            }
+        float* h = ar.get<float>(a.T * r);
+        GemmOut mid;
+        mid.y = h;
+        mid.ldy = r;
+        if (in.q != nullptr && l.lora_a.enc == WEnc::i8) {
+            ActQ8 x;
+            x.T = a.T;
+            x.K = l.K;
+            x.group = in.group;
+            x.q = in.q;
+            x.s = in.s;
+            matmul_q8(l.lora_a, x, mid);
+        } else {
+            ActF32 x;
+            x.T = a.T;
+            x.K = l.K;
+            x.x = lora_input(in, l.K);
+            matmul_f32(l.lora_a, x, mid);
         }
+        for (int64_t i = 0; i < a.T * r; ++i) h[i] *= l.lora_scale;
+        ActF32 hx;
+        hx.T = a.T;
+        hx.K = r;
+        hx.x = h;
+        GemmOut o;
+        o.y = y;
+        o.ldy = l.N;
+        o.residual = y;
+        o.ldr = l.N;
+        matmul_f32(l.lora_b, hx, o);
     }
 
     // The float values of an adapter's input, dequantized once per quantized input (q, k
@@ -461,17 +475,38 @@ Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std
     return l;
 }
 
-const float* f32_matrix(const py::object& o, int64_t rows, int64_t cols, const std::string& what,
-                        std::vector<py::object>& keep) {
-    if (!py::isinstance<py::array>(o)) throw py::type_error("decoder_layer: " + what + " must be a numpy array");
-    py::array m = py::reinterpret_borrow<py::array>(o);
-    if (!is_f32(m)) throw py::type_error("decoder_layer: " + what + " must be float32");
-    if (m.ndim() != 2 || m.shape(0) != rows || (cols > 0 && m.shape(1) != cols) || m.shape(1) < 1 ||
-        !(m.flags() & py::array::c_style)) {
-        bad(what + " must be a contiguous [" + std::to_string(rows) + ", " + (cols > 0 ? std::to_string(cols) : "r") + "] array");
+// One stored LoRA factor (format.adapter.LoraFactor) [rows, cols] (0: any size) as a
+// WeightView: int8 codes with float32 per-row scales, or float16 / float32 codes.
+WeightView lora_factor(const py::object& f, int64_t rows, int64_t cols, const std::string& what,
+                       std::vector<py::object>& keep) {
+    const py::object codes_o = get(f, "codes");
+    if (!py::isinstance<py::array>(codes_o)) throw py::type_error("decoder_layer: " + what + ".codes must be a numpy array");
+    py::array codes = py::reinterpret_borrow<py::array>(codes_o);
+    auto dim = [](int64_t d) { return d > 0 ? std::to_string(d) : std::string("r"); };
+    if (codes.ndim() != 2 || codes.shape(0) < 1 || codes.shape(1) < 1 || (rows > 0 && codes.shape(0) != rows) ||
+        (cols > 0 && codes.shape(1) != cols) || !(codes.flags() & py::array::c_style) ||
+        codes.dtype().byteorder() == '>') {
+        bad(what + ".codes must be a contiguous [" + dim(rows) + ", " + dim(cols) + "] array");
     }
-    keep.push_back(m);
-    return static_cast<const float*>(m.data());
+    WeightView w;
+    w.N = codes.shape(0);
+    w.K = codes.shape(1);
+    w.codes = codes.data();
+    keep.push_back(codes);
+    const char kind = codes.dtype().kind();
+    const auto size = codes.itemsize();
+    if (kind == 'i' && size == 1) {
+        w.enc = WEnc::i8;
+        w.group = w.K;
+        w.scales_f32 = f32_vec(get(f, "scales"), w.N, (what + ".scales").c_str(), keep);
+    } else if (kind == 'f' && size == 2) {
+        w.enc = WEnc::f16;
+    } else if (kind == 'f' && size == 4) {
+        w.enc = WEnc::f32;
+    } else {
+        throw py::type_error("decoder_layer: " + what + ".codes must be int8, float16 or float32");
+    }
+    return w;
 }
 
 // ctx.lora (runtime_shim.adapters.LayerLora, or None): its pairs by slot name, and scale.
@@ -479,7 +514,6 @@ void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& ke
     if (lora.is_none()) return;
     const double scale = get(lora, "scale").cast<double>();
     if (!std::isfinite(scale)) bad("ctx.lora.scale must be finite");
-    a.lora_scale = static_cast<float>(scale);
     const py::dict pairs = get(lora, "pairs").cast<py::dict>();
     keep.push_back(pairs);
     const std::pair<const char*, Lin*> slots[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"o", &a.o},
@@ -488,10 +522,14 @@ void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& ke
         if (!pairs.contains(slot)) continue;
         const py::object pair = pairs[slot];
         const std::string name = std::string("ctx.lora.pairs['") + slot + "']";
-        lin->lora_a = f32_matrix(get(pair, "a_t"), lin->K, 0, name + ".a_t", keep);
-        lin->rank = py::reinterpret_borrow<py::array>(keep.back()).shape(1);
-        lin->lora_b = f32_matrix(get(pair, "b_t"), lin->rank, lin->N, name + ".b_t", keep);
-        a.max_rank = std::max(a.max_rank, lin->rank);
+        lin->lora_a = lora_factor(get(pair, "a"), 0, lin->K, name + ".a", keep);
+        const int64_t r = lin->lora_a.N;
+        lin->lora_b = lora_factor(get(pair, "b"), lin->N, r, name + ".b", keep);
+        const double s = scale * get(pair, "scale").cast<double>();  // as LoraPair.delta: one rounding
+        if (!std::isfinite(s)) bad(name + ".scale must be finite");
+        lin->lora_scale = static_cast<float>(s);
+        lin->rank = r;
+        a.max_rank = std::max(a.max_rank, r);
     }
 }
 
