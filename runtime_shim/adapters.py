@@ -14,6 +14,7 @@ matmul reads).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import numpy as np
 from edgepack.format.adapter import (
     LoraAdapter,
     LoraFactor,
+    LoraTarget,
     adapter_digest,
     check_binding,
     decode_adapter,
@@ -48,21 +50,42 @@ SLOTS = {
 
 @dataclass(frozen=True, eq=False)
 class LoraPair:
-    """One adapted projection: ``delta(x) = ((x @ A^T) * (s * scale)) @ B^T``."""
+    """One adapted projection: ``delta(x) = ((x @ A^T) * (s * scale)) @ B^T``.
 
-    a: LoraFactor  # [r, in], as stored
-    b: LoraFactor  # [out, r], as stored
+    The factors keep their stored encoding: ``a`` as stored, B transposed (``b_t``, int8
+    codes with B's per-row ``b_scales``, or float32) so the native up-projection runs
+    along contiguous output rows, vectorized with no sum across lanes.
+    """
+
+    a: LoraFactor  # [r, in]
+    b_t: np.ndarray  # [r, out]: int8 codes (with b_scales [out]) or float32 values
+    b_scales: np.ndarray | None
     scale: float  # the target's (alpha / r, or alpha / sqrt(r) for rsLoRA)
+
+    @classmethod
+    def of(cls, target: LoraTarget) -> LoraPair:
+        """Own copies of ``target``'s factors (the payload they view is not kept)."""
+        a, b = target.a, target.b
+        a = dataclasses.replace(a, codes=a.codes.copy(), scales=_copy(a.scales))
+        if b.scales is not None:
+            return cls(a, np.ascontiguousarray(b.codes.T), b.scales.copy(), float(target.scale))
+        return cls(a, np.ascontiguousarray(b.values().T), None, float(target.scale))
 
     def delta(self, x: np.ndarray | QuantizedActivations, scale: float) -> np.ndarray:
         xf = x.dequantize() if isinstance(x, QuantizedActivations) else x
         h = xf @ self.a.values().T  # dequantized per call: only the numpy chain needs floats
         h *= _F32(scale * self.scale)
-        return h @ self.b.values().T
+        b_t = self.b_t if self.b_scales is None else self.b_t.astype(_F32) * self.b_scales
+        return h @ b_t
 
     @property
     def nbytes(self) -> int:
-        return self.a.nbytes + self.b.nbytes
+        scales = 0 if self.b_scales is None else self.b_scales.nbytes
+        return self.a.nbytes + self.b_t.nbytes + scales
+
+
+def _copy(v: np.ndarray | None) -> np.ndarray | None:
+    return None if v is None else v.copy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,7 +165,7 @@ def load_payload(
                 f"adapter {adapter.name!r} targets {t.name}, which is not applied online "
                 "(only layer projections are): merge it with `edgepack merge-lora`"
             )
-        layers.setdefault(index, {})[slot] = LoraPair(t.a, t.b, float(t.scale))
+        layers.setdefault(index, {})[slot] = LoraPair.of(t)
     return AdapterHandle(adapter, adapter_digest(payload), layers)
 
 

@@ -45,9 +45,10 @@ struct Lin {
     bool quantized = false;
     int64_t N = 0, K = 0;
     // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with A [rank, K]
-    // and B [N, rank] as stored (int8 per row, f16 or f32) and s the session's scale times
+    // as stored (int8 per row, f16 or f32), B^T [rank, N] and s the session's scale times
     // the target's.  rank == 0: no adapter.
-    WeightView lora_a, lora_b;
+    WeightView lora_a;
+    LoraUp lora_b;
     float lora_scale = 1.0f;
     int64_t rank = 0;
 };
@@ -180,10 +181,10 @@ struct Runner {
         if (l.rank > 0) add_lora(l, in, y);
     }
 
-    // y[T, N] += s * (x A^T) B^T through the matmul kernels of the active ISA (vectorized,
-    // factors read in their stored encoding).  An int8 input meets int8 A in the integer
-    // kernel; otherwise A reads the input's float values (the int8 path's quantized
-    // activations dequantized, as the numpy chain does).
+    // y[T, N] += s * (x A^T) B^T on the kernels of the active ISA, the factors read in
+    // their stored encoding.  An int8 input meets int8 A in the integer kernel; otherwise A
+    // reads the input's float values (the int8 path's quantized activations dequantized,
+    // as the numpy chain does).
     void add_lora(const Lin& l, const Act& in, float* y) {
         const int64_t r = l.rank;
         float* h = ar.get<float>(a.T * r);
@@ -206,16 +207,7 @@ struct Runner {
             matmul_f32(l.lora_a, x, mid);
         }
         for (int64_t i = 0; i < a.T * r; ++i) h[i] *= l.lora_scale;
-        ActF32 hx;
-        hx.T = a.T;
-        hx.K = r;
-        hx.x = h;
-        GemmOut o;
-        o.y = y;
-        o.ldy = l.N;
-        o.residual = y;
-        o.ldr = l.N;
-        matmul_f32(l.lora_b, hx, o);
+        lora_up(l.lora_b, h, a.T, y, l.N);
     }
 
     // The float values of an adapter's input, dequantized once per quantized input (q, k
@@ -475,38 +467,76 @@ Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std
     return l;
 }
 
-// One stored LoRA factor (format.adapter.LoraFactor) [rows, cols] (0: any size) as a
-// WeightView: int8 codes with float32 per-row scales, or float16 / float32 codes.
-WeightView lora_factor(const py::object& f, int64_t rows, int64_t cols, const std::string& what,
-                       std::vector<py::object>& keep) {
-    const py::object codes_o = get(f, "codes");
-    if (!py::isinstance<py::array>(codes_o)) throw py::type_error("decoder_layer: " + what + ".codes must be a numpy array");
-    py::array codes = py::reinterpret_borrow<py::array>(codes_o);
-    auto dim = [](int64_t d) { return d > 0 ? std::to_string(d) : std::string("r"); };
-    if (codes.ndim() != 2 || codes.shape(0) < 1 || codes.shape(1) < 1 || (rows > 0 && codes.shape(0) != rows) ||
-        (cols > 0 && codes.shape(1) != cols) || !(codes.flags() & py::array::c_style) ||
-        codes.dtype().byteorder() == '>') {
-        bad(what + ".codes must be a contiguous [" + dim(rows) + ", " + dim(cols) + "] array");
+// ---- ctx.lora: checked per call, names built only for an error message -----------------
+
+[[noreturn]] void bad_lora(const char* slot, const std::string& what) {
+    bad(std::string("ctx.lora.pairs['") + slot + "']." + what);
+}
+
+// A C-contiguous little-endian 2-D array [rows, cols] (0: any size >= 1).
+py::array lora_array(const py::object& o, int64_t rows, int64_t cols, const char* slot, const char* what) {
+    if (!py::isinstance<py::array>(o)) bad_lora(slot, std::string(what) + " must be a numpy array");
+    py::array m = py::reinterpret_borrow<py::array>(o);
+    if (m.ndim() != 2 || m.shape(0) < 1 || m.shape(1) < 1 || (rows > 0 && m.shape(0) != rows) ||
+        (cols > 0 && m.shape(1) != cols) || !(m.flags() & py::array::c_style) || m.dtype().byteorder() == '>') {
+        auto dim = [](int64_t d) { return d > 0 ? std::to_string(d) : std::string("r"); };
+        bad_lora(slot, std::string(what) + " must be a contiguous [" + dim(rows) + ", " + dim(cols) + "] array");
     }
+    return m;
+}
+
+// float32 [n] (a factor's per-row scales).
+const float* lora_scales(const py::object& o, int64_t n, const char* slot, const char* what,
+                         std::vector<py::object>& keep) {
+    if (!py::isinstance<py::array>(o)) bad_lora(slot, std::string(what) + " must be a numpy array");
+    py::array v = py::reinterpret_borrow<py::array>(o);
+    if (!is_f32(v) || v.ndim() != 1 || v.shape(0) != n || !(v.flags() & py::array::c_style)) {
+        bad_lora(slot, std::string(what) + " must be a contiguous float32 [" + std::to_string(n) + "] vector");
+    }
+    keep.push_back(v);
+    return static_cast<const float*>(v.data());
+}
+
+// A (format.adapter.LoraFactor [r, K] as stored) as a WeightView: int8 codes with float32
+// per-row scales, or float16 / float32 codes.
+WeightView lora_down(const py::object& f, int64_t K, const char* slot, std::vector<py::object>& keep) {
+    py::array codes = lora_array(get(f, "codes"), 0, K, slot, "a.codes");
     WeightView w;
     w.N = codes.shape(0);
-    w.K = codes.shape(1);
+    w.K = K;
     w.codes = codes.data();
     keep.push_back(codes);
     const char kind = codes.dtype().kind();
     const auto size = codes.itemsize();
     if (kind == 'i' && size == 1) {
         w.enc = WEnc::i8;
-        w.group = w.K;
-        w.scales_f32 = f32_vec(get(f, "scales"), w.N, (what + ".scales").c_str(), keep);
+        w.group = K;
+        w.scales_f32 = lora_scales(get(f, "scales"), w.N, slot, "a.scales", keep);
     } else if (kind == 'f' && size == 2) {
         w.enc = WEnc::f16;
     } else if (kind == 'f' && size == 4) {
         w.enc = WEnc::f32;
     } else {
-        throw py::type_error("decoder_layer: " + what + ".codes must be int8, float16 or float32");
+        bad_lora(slot, "a.codes must be int8, float16 or float32");
     }
     return w;
+}
+
+// B^T (LoraPair.b_t [r, N], b_scales): int8 codes with per-output scales, or float32.
+LoraUp lora_up_of(const py::object& pair, int64_t r, int64_t N, const char* slot, std::vector<py::object>& keep) {
+    py::array codes = lora_array(get(pair, "b_t"), r, N, slot, "b_t");
+    keep.push_back(codes);
+    LoraUp b;
+    b.codes = codes.data();
+    b.r = r;
+    b.N = N;
+    const py::object scales = get(pair, "b_scales");
+    if (codes.dtype().kind() == 'i' && codes.itemsize() == 1) {
+        b.scales = lora_scales(scales, N, slot, "b_scales", keep);
+    } else if (!is_f32(codes) || !scales.is_none()) {
+        bad_lora(slot, "b_t must be int8 (with b_scales) or float32 (b_scales None)");
+    }
+    return b;
 }
 
 // ctx.lora (runtime_shim.adapters.LayerLora, or None): its pairs by slot name, and scale.
@@ -514,22 +544,28 @@ void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& ke
     if (lora.is_none()) return;
     const double scale = get(lora, "scale").cast<double>();
     if (!std::isfinite(scale)) bad("ctx.lora.scale must be finite");
-    const py::dict pairs = get(lora, "pairs").cast<py::dict>();
-    keep.push_back(pairs);
+    const py::object pairs_o = get(lora, "pairs");
+    if (!PyDict_Check(pairs_o.ptr())) throw py::type_error("decoder_layer: ctx.lora.pairs must be a dict");
+    keep.push_back(pairs_o);
     const std::pair<const char*, Lin*> slots[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"o", &a.o},
                                                   {"gate", &a.gate}, {"up", &a.up}, {"down", &a.down}};
-    for (const auto& [slot, lin] : slots) {
-        if (!pairs.contains(slot)) continue;
-        const py::object pair = pairs[slot];
-        const std::string name = std::string("ctx.lora.pairs['") + slot + "']";
-        lin->lora_a = lora_factor(get(pair, "a"), 0, lin->K, name + ".a", keep);
-        const int64_t r = lin->lora_a.N;
-        lin->lora_b = lora_factor(get(pair, "b"), lin->N, r, name + ".b", keep);
-        const double s = scale * get(pair, "scale").cast<double>();  // as LoraPair.delta: one rounding
-        if (!std::isfinite(s)) bad(name + ".scale must be finite");
-        lin->lora_scale = static_cast<float>(s);
-        lin->rank = r;
-        a.max_rank = std::max(a.max_rank, r);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(pairs_o.ptr(), &pos, &key, &value)) {  // one pass: no key strings made
+        if (!PyUnicode_Check(key)) continue;
+        for (const auto& [slot, lin] : slots) {
+            if (PyUnicode_CompareWithASCIIString(key, slot) != 0) continue;
+            const py::handle pair(value);
+            lin->lora_a = lora_down(get(pair, "a"), lin->K, slot, keep);
+            const int64_t r = lin->lora_a.N;
+            lin->lora_b = lora_up_of(py::reinterpret_borrow<py::object>(pair), r, lin->N, slot, keep);
+            const double s = scale * get(pair, "scale").cast<double>();  // as LoraPair.delta: one rounding
+            if (!std::isfinite(s)) bad_lora(slot, "scale times ctx.lora.scale must be finite");
+            lin->lora_scale = static_cast<float>(s);
+            lin->rank = r;
+            a.max_rank = std::max(a.max_rank, r);
+            break;
+        }
     }
 }
 
