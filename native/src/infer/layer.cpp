@@ -158,27 +158,31 @@ struct Runner {
         o.ldr = l.N;
         o.bias = l.bias;
         if (l.u != nullptr) {
-            ActF32 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.x = as_float(in, l.K);
-            lowrank(*l.u, *l.v, x, o);
+            lowrank(*l.u, *l.v, act_f32(as_float(in, l.K), l.K), o);
         } else if (in.q != nullptr && l.quantized) {
-            ActQ8 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.group = in.group;
-            x.q = in.q;
-            x.s = in.s;
-            matmul_q8(*l.w, x, o);
+            matmul_q8(*l.w, act_q8(in, l.K), o);
         } else {
-            ActF32 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.x = as_float(in, l.K);
-            matmul_f32(*l.w, x, o);
+            matmul_f32(*l.w, act_f32(as_float(in, l.K), l.K), o);
         }
         if (l.rank > 0) add_lora(l, in, y);
+    }
+
+    ActQ8 act_q8(const Act& in, int64_t K) const {
+        ActQ8 x;
+        x.T = a.T;
+        x.K = K;
+        x.group = in.group;
+        x.q = in.q;
+        x.s = in.s;
+        return x;
+    }
+
+    ActF32 act_f32(const float* xf, int64_t K) const {
+        ActF32 x;
+        x.T = a.T;
+        x.K = K;
+        x.x = xf;
+        return x;
     }
 
     // y[T, N] += s * (x A^T) B^T on the kernels of the active ISA, the factors read in
@@ -192,19 +196,9 @@ struct Runner {
         mid.y = h;
         mid.ldy = r;
         if (in.q != nullptr && l.lora_a.enc == WEnc::i8) {
-            ActQ8 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.group = in.group;
-            x.q = in.q;
-            x.s = in.s;
-            matmul_q8(l.lora_a, x, mid);
+            matmul_q8(l.lora_a, act_q8(in, l.K), mid);
         } else {
-            ActF32 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.x = lora_input(in, l.K);
-            matmul_f32(l.lora_a, x, mid);
+            matmul_f32(l.lora_a, act_f32(lora_input(in, l.K), l.K), mid);
         }
         for (int64_t i = 0; i < a.T * r; ++i) h[i] *= l.lora_scale;
         lora_up(l.lora_b, h, a.T, y, l.N);
