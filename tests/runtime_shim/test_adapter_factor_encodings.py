@@ -78,3 +78,19 @@ def test_loaded_adapter_holds_its_stored_bytes(root, bases, peft_dir, encoding):
     assert handle.nbytes == sum(t.a.nbytes + t.b.nbytes for t in stored.targets)
     pair = next(iter(handle.layers[0].values()))
     assert pair.a.codes.dtype == stored.targets[0].a.codes.dtype  # not widened to float32
+
+
+def test_long_prefill_is_the_same_on_any_thread_count(root, bases):
+    """Rank 64 over 100 tokens: the up-projection splits its outputs over the pool."""
+    peft = make_peft_adapter(root, "peft-r64", seed=4, r=64, alpha=16.0)
+    apkg = _adapter(root, bases["f32"], peft.path, Encoding.INT8_CHANNEL)
+    ids = [int(i) for i in np.random.default_rng(5).integers(3, 100, 100)]
+    out = []
+    for threads in (1, 2):
+        try:
+            m = rt.open(bases["f32"], verify="none", kernels="native", threads=threads)
+        except rt.KernelUnavailableError:
+            pytest.skip("no native kernels")
+        with m:
+            out.append(m.session(adapter=m.load_adapter(apkg)).logits(ids))
+    np.testing.assert_array_equal(out[0], out[1])
