@@ -62,15 +62,6 @@ class LoraPair:
     b_scales: np.ndarray | None
     scale: float  # the target's (alpha / r, or alpha / sqrt(r) for rsLoRA)
 
-    @classmethod
-    def of(cls, target: LoraTarget) -> LoraPair:
-        """Own copies of ``target``'s factors (the payload they view is not kept)."""
-        a, b = target.a, target.b
-        a = dataclasses.replace(a, codes=a.codes.copy(), scales=_copy(a.scales))
-        if b.scales is not None:
-            return cls(a, np.ascontiguousarray(b.codes.T), b.scales.copy(), float(target.scale))
-        return cls(a, np.ascontiguousarray(b.values().T), None, float(target.scale))
-
     def delta(self, x: np.ndarray | QuantizedActivations, scale: float) -> np.ndarray:
         xf = x.dequantize() if isinstance(x, QuantizedActivations) else x
         h = xf @ self.a.values().T  # dequantized per call: only the numpy chain needs floats
@@ -84,8 +75,20 @@ class LoraPair:
         return self.a.nbytes + self.b_t.nbytes + scales
 
 
-def _copy(v: np.ndarray | None) -> np.ndarray | None:
-    return None if v is None else v.copy()
+def _owned(t: LoraTarget) -> tuple[LoraPair, LoraTarget]:
+    """The pair for ``t``, and ``t`` on the pair's own copies of the factors: the decoded
+    payload, which every factor of ``t`` views, is not kept alive beside them."""
+    a = dataclasses.replace(t.a, codes=t.a.codes.copy())
+    if a.scales is not None:
+        a = dataclasses.replace(a, scales=a.scales.copy())
+    b = t.b
+    if b.scales is not None:  # int8: B^T codes, B's per-row scales one per output
+        b_t, b_scales = np.ascontiguousarray(b.codes.T), b.scales.copy()
+        b = dataclasses.replace(b, codes=b_t.T, scales=b_scales)
+    else:
+        b_t, b_scales = np.ascontiguousarray(b.values().T), None
+        b = dataclasses.replace(b, codes=b_t.T if b.codes.dtype == _F32 else b.codes.copy())
+    return LoraPair(a, b_t, b_scales, float(t.scale)), dataclasses.replace(t, a=a, b=b)
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,6 +161,7 @@ def load_payload(
     adapter = decode_adapter(payload)
     check_binding(adapter, base_digest, shapes)
     layers: dict[int, dict[str, LoraPair]] = {}
+    owned: list[LoraTarget] = []
     for t in adapter.targets:
         index, slot = _slot(t.name, num_layers)
         if slot is None:
@@ -165,8 +169,10 @@ def load_payload(
                 f"adapter {adapter.name!r} targets {t.name}, which is not applied online "
                 "(only layer projections are): merge it with `edgepack merge-lora`"
             )
-        layers.setdefault(index, {})[slot] = LoraPair.of(t)
-    return AdapterHandle(adapter, adapter_digest(payload), layers)
+        layers.setdefault(index, {})[slot], target = _owned(t)
+        owned.append(target)
+    kept = dataclasses.replace(adapter, targets=tuple(owned))
+    return AdapterHandle(kept, adapter_digest(payload), layers)
 
 
 def _slot(name: str, num_layers: int) -> tuple[int, str | None]:

@@ -78,6 +78,15 @@ def test_loaded_adapter_holds_its_stored_bytes(root, bases, peft_dir, encoding):
     assert handle.nbytes == sum(t.a.nbytes + t.b.nbytes for t in stored.targets)
     pair = next(iter(handle.layers[0].values()))
     assert pair.a.codes.dtype == stored.targets[0].a.codes.dtype  # not widened to float32
+    parts = [p for t in handle.adapter.targets for f in (t.a, t.b) for p in f.parts]
+    assert all(_owner(p) is None for p in parts)  # no view keeps the payload alive too
+    assert handle.adapter.targets[0].b.values().tobytes() == stored.targets[0].b.values().tobytes()
+
+
+def _owner(a: np.ndarray) -> object:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.base
 
 
 def test_long_prefill_is_the_same_on_any_thread_count(root, bases):
