@@ -3,6 +3,7 @@ layer applies each as the numpy chain does, on the float and the int8-activation
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,17 @@ def test_long_prefill_is_the_same_on_any_thread_count(root, bases):
         with m:
             out.append(m.session(adapter=m.load_adapter(apkg)).logits(ids))
     np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_native_layer_names_a_factor_of_the_wrong_shape(root, bases, peft_dir):
+    apkg = _adapter(root, bases["f32"], peft_dir, Encoding.INT8_CHANNEL)
+    try:
+        m = rt.open(bases["f32"], verify="none", kernels="native")
+    except rt.KernelUnavailableError:
+        pytest.skip("no native kernels")
+    with m:
+        handle = m.load_adapter(apkg)
+        pair = handle.layers[0]["q"]
+        handle.layers[0]["q"] = dataclasses.replace(pair, b_t=pair.b_t[:, :-1].copy())
+        with pytest.raises(ValueError, match=r"pairs\['q'\]\.b_t must be a contiguous \[4, 64\]"):
+            m.session(adapter=handle).logits(IDS)

@@ -467,9 +467,13 @@ Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std
     bad(std::string("ctx.lora.pairs['") + slot + "']." + what);
 }
 
+[[noreturn]] void bad_lora_type(const char* slot, const std::string& what) {
+    throw py::type_error(std::string("decoder_layer: ctx.lora.pairs['") + slot + "']." + what);
+}
+
 // A C-contiguous little-endian 2-D array [rows, cols] (0: any size >= 1).
 py::array lora_array(const py::object& o, int64_t rows, int64_t cols, const char* slot, const char* what) {
-    if (!py::isinstance<py::array>(o)) bad_lora(slot, std::string(what) + " must be a numpy array");
+    if (!py::isinstance<py::array>(o)) bad_lora_type(slot, std::string(what) + " must be a numpy array");
     py::array m = py::reinterpret_borrow<py::array>(o);
     if (m.ndim() != 2 || m.shape(0) < 1 || m.shape(1) < 1 || (rows > 0 && m.shape(0) != rows) ||
         (cols > 0 && m.shape(1) != cols) || !(m.flags() & py::array::c_style) || m.dtype().byteorder() == '>') {
@@ -482,7 +486,7 @@ py::array lora_array(const py::object& o, int64_t rows, int64_t cols, const char
 // float32 [n] (a factor's per-row scales).
 const float* lora_scales(const py::object& o, int64_t n, const char* slot, const char* what,
                          std::vector<py::object>& keep) {
-    if (!py::isinstance<py::array>(o)) bad_lora(slot, std::string(what) + " must be a numpy array");
+    if (!py::isinstance<py::array>(o)) bad_lora_type(slot, std::string(what) + " must be a numpy array");
     py::array v = py::reinterpret_borrow<py::array>(o);
     if (!is_f32(v) || v.ndim() != 1 || v.shape(0) != n || !(v.flags() & py::array::c_style)) {
         bad_lora(slot, std::string(what) + " must be a contiguous float32 [" + std::to_string(n) + "] vector");
@@ -511,7 +515,7 @@ WeightView lora_down(const py::object& f, int64_t K, const char* slot, std::vect
     } else if (kind == 'f' && size == 4) {
         w.enc = WEnc::f32;
     } else {
-        bad_lora(slot, "a.codes must be int8, float16 or float32");
+        bad_lora_type(slot, "a.codes must be int8, float16 or float32");
     }
     return w;
 }
@@ -528,7 +532,7 @@ LoraUp lora_up_of(const py::object& pair, int64_t r, int64_t N, const char* slot
     if (codes.dtype().kind() == 'i' && codes.itemsize() == 1) {
         b.scales = lora_scales(scales, N, slot, "b_scales", keep);
     } else if (!is_f32(codes) || !scales.is_none()) {
-        bad_lora(slot, "b_t must be int8 (with b_scales) or float32 (b_scales None)");
+        bad_lora_type(slot, "b_t must be int8 (with b_scales) or float32 (b_scales None)");
     }
     return b;
 }
