@@ -8,7 +8,10 @@ The adapter is rank ``--rank`` (random factors) on q/k/v/o of every layer of Smo
 packed as an adapter-only package and loaded next to the base. Each run decodes
 ``--tokens`` tokens after a 32-token prompt in a base session, then in an adapter session
 (alternating: a shared host drifts more than the difference measured); figures are medians.
-Prints ``adapter decode ratio N`` (adapter tok/s / base tok/s; the bar is >= 0.85).
+Prints ``adapter decode ratio N`` (adapter tok/s / base tok/s; the bar is >= 0.85), then
+the process RSS around switching between two adapters (a second one with other random
+factors), in two sessions and within one: switching must not re-read or copy the base,
+so it costs no more than the adapters' factors.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ def _package(args: argparse.Namespace) -> Path:
     return path
 
 
-def _adapter(base: Path, rank: int, out: Path) -> Path:
+def _adapter(base: Path, rank: int, out: Path, seed: int = 0) -> Path:
     """A random rank-``rank`` adapter on q/k/v/o of every layer, as an adapter package."""
     from edgepack.format import Package
     from edgepack.packager.adapters import adapter_payload, base_shapes, write_adapter_package
     from edgepack.packager.importers.peft import FloatAdapter, FloatTarget
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     with Package.open(base) as pkg:
         shapes = base_shapes(pkg)
         fa = FloatAdapter("bench", rank, 2.0 * rank, "bench")
@@ -96,13 +99,47 @@ def main(argv: list[str] | None = None) -> int:
                     with model.session(adapter=pick) as s:
                         rates[key].append(_decode_rate(s, prompt, args.tokens))
             kernels = model.kernel_path
+            other = model.load_adapter(_adapter(base, args.rank, Path(tmp) / "other.epk", seed=2))
+            switch = _switch_rss(model, handle, other, prompt)
+            factors = handle.nbytes + other.nbytes
     base_rate = statistics.median(rates["base"])
     lora_rate = statistics.median(rates["adapter"])
     print(f"package {base.name}, kernels {kernels}, rank {args.rank} on q/k/v/o of every layer")
     print(f"base decode     {base_rate:8.1f} tok/s  (runs: {_fmt(rates['base'])})")
     print(f"adapter decode  {lora_rate:8.1f} tok/s  (runs: {_fmt(rates['adapter'])})")
     print(f"adapter decode ratio {lora_rate / base_rate:.3f}")
+    print(f"adapter factors {_mib(handle.nbytes)} each; base file {_mib(base.stat().st_size)}")
+    print("RSS " + ", ".join(f"{k} {_mib(v)}" for k, v in switch.items()))
+    grown = max(switch.values()) - min(switch.values())
+    print(f"adapter switch RSS change {_mib(grown)} (both adapters' factors: {_mib(factors)})")
     return 0
+
+
+def _switch_rss(model, first, second, prompt: list[int]) -> dict[str, int]:
+    """RSS after decoding with ``first``, then ``second`` in another session, then with
+    the first session switched to ``second`` (every step decoded once before: warm)."""
+    import psutil
+
+    proc = psutil.Process()
+    out: dict[str, int] = {}
+    with model.session(adapter=first) as a, model.session(adapter=second) as b:
+        for _ in range(2):  # the first round warms buffers; the second is measured
+            out["session A"] = _rss_after(proc, a, prompt)
+            out["session B"] = _rss_after(proc, b, prompt)
+            a.use_adapter(second)
+            out["A switched to B"] = _rss_after(proc, a, prompt)
+            a.use_adapter(first)
+    return out
+
+
+def _rss_after(proc, session, prompt: list[int]) -> int:
+    for _ in session.generate(prompt, max_tokens=8, stop=[], output="ids", lookup=False):
+        pass
+    return proc.memory_info().rss
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _fmt(values: list[float]) -> str:

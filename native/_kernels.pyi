@@ -376,7 +376,9 @@ def kv_read(
 # The fallback reasons decoder_layer returns, by stable code (native/src/infer/fallback.h);
 # mirrored by edgepack.runtime_shim.kernels.Fallback.
 FALLBACK_REASONS: dict[int, str]
-DECODER_LAYER_LORA: bool  # decoder_layer applies ctx.lora (a LoRA adapter) itself
+# decoder_layer applies ctx.lora itself (runtime_shim.adapters.LayerLora: per slot a LoraPair,
+# A as stored, int8/f16/f32 [r, K]; B^T int8 [r, N] with per-output scales, or float32)
+DECODER_LAYER_LORA: bool
 
 def decoder_layer(
     lw: object, x: npt.NDArray[np.float32], ctx: object

@@ -3,22 +3,32 @@
 ``Model.load_adapter`` decodes a LORA_ADAPTER section (from the model's own package or
 an adapter-only one), refuses it unless it was made for these weights and every target
 is a matrix the decoder applies (:func:`edgepack.format.adapter.check_binding`), and
-keeps its factors as small float32 matrices: ``A^T [in, r]`` and ``scale * B^T [r, out]``.
-The base is never read or copied for it. A session picks one adapter (or none) and a
-scale; the layer chain adds ``s * (x A^T) B^T`` to each adapted projection
-(:mod:`.kernels.layer`), on the float and the int8-activation path alike (the int8
-path's adapter input is the same quantized activation the base matmul reads).
+keeps its factors as stored (``A [r, in]``, ``B [out, r]``, int8 per row by default): the
+native layer multiplies them in that encoding, so a decode step reads a quarter of the
+bytes float factors would take. The base is never read or copied for it. A session
+picks one adapter (or none) and a scale; the layer chain adds ``s * (x A^T) B^T`` to
+each adapted projection (:mod:`.kernels.layer`), on the float and the int8-activation
+path alike (the int8 path's adapter input is the same quantized activation the base
+matmul reads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgepack.format.adapter import LoraAdapter, adapter_digest, check_binding, decode_adapter
+from edgepack.format.adapter import (
+    LoraAdapter,
+    LoraFactor,
+    LoraTarget,
+    adapter_digest,
+    check_binding,
+    decode_adapter,
+)
 from edgepack.format.errors import AdapterTargetError
 
 from .kernels.interface import QuantizedActivations
@@ -40,17 +50,45 @@ SLOTS = {
 
 @dataclass(frozen=True, eq=False)
 class LoraPair:
-    """One adapted projection: ``delta(x) = ((x @ a_t) * s) @ b_t``."""
+    """One adapted projection: ``delta(x) = ((x @ A^T) * (s * scale)) @ B^T``.
 
-    a_t: np.ndarray  # float32 [in, r]
-    b_t: np.ndarray  # float32 [r, out], the target's scale folded in
+    The factors keep their stored encoding: ``a`` as stored, B transposed (``b_t``, int8
+    codes with B's per-row ``b_scales``, or float32) so the native up-projection runs
+    along contiguous output rows, vectorized with no sum across lanes.
+    """
+
+    a: LoraFactor  # [r, in]
+    b_t: np.ndarray  # [r, out]: int8 codes (with b_scales [out]) or float32 values
+    b_scales: np.ndarray | None
+    scale: float  # the target's (alpha / r, or alpha / sqrt(r) for rsLoRA)
 
     def delta(self, x: np.ndarray | QuantizedActivations, scale: float) -> np.ndarray:
         xf = x.dequantize() if isinstance(x, QuantizedActivations) else x
-        h = xf @ self.a_t
-        if scale != 1.0:
-            h *= _F32(scale)
-        return h @ self.b_t
+        h = xf @ self.a.values().T  # dequantized per call: only the numpy chain needs floats
+        h *= _F32(scale * self.scale)
+        b_t = self.b_t if self.b_scales is None else self.b_t.astype(_F32) * self.b_scales
+        return h @ b_t
+
+    @property
+    def nbytes(self) -> int:
+        scales = 0 if self.b_scales is None else self.b_scales.nbytes
+        return self.a.nbytes + self.b_t.nbytes + scales
+
+
+def _owned(t: LoraTarget) -> tuple[LoraPair, LoraTarget]:
+    """The pair for ``t``, and ``t`` on the pair's own copies of the factors: the decoded
+    payload, which every factor of ``t`` views, is not kept alive beside them."""
+    a = dataclasses.replace(t.a, codes=t.a.codes.copy())
+    if a.scales is not None:
+        a = dataclasses.replace(a, scales=a.scales.copy())
+    b = t.b
+    if b.scales is not None:  # int8: B^T codes, B's per-row scales one per output
+        b_t, b_scales = np.ascontiguousarray(b.codes.T), b.scales.copy()
+        b = dataclasses.replace(b, codes=b_t.T, scales=b_scales)
+    else:
+        b_t, b_scales = np.ascontiguousarray(b.values().T), None
+        b = dataclasses.replace(b, codes=b_t.T if b.codes.dtype == _F32 else b.codes.copy())
+    return LoraPair(a, b_t, b_scales, float(t.scale)), dataclasses.replace(t, a=a, b=b)
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,8 +125,8 @@ class AdapterHandle:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the float32 factors held in memory."""
-        return sum(p.a_t.nbytes + p.b_t.nbytes for ps in self.layers.values() for p in ps.values())
+        """Bytes of the factors held in memory (their stored encoding)."""
+        return sum(p.nbytes for ps in self.layers.values() for p in ps.values())
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +161,7 @@ def load_payload(
     adapter = decode_adapter(payload)
     check_binding(adapter, base_digest, shapes)
     layers: dict[int, dict[str, LoraPair]] = {}
+    owned: list[LoraTarget] = []
     for t in adapter.targets:
         index, slot = _slot(t.name, num_layers)
         if slot is None:
@@ -130,10 +169,10 @@ def load_payload(
                 f"adapter {adapter.name!r} targets {t.name}, which is not applied online "
                 "(only layer projections are): merge it with `edgepack merge-lora`"
             )
-        a_t = np.ascontiguousarray(t.a.values().T)
-        b_t = np.ascontiguousarray((t.b.values() * _F32(t.scale)).T)
-        layers.setdefault(index, {})[slot] = LoraPair(a_t, b_t)
-    return AdapterHandle(adapter, adapter_digest(payload), layers)
+        layers.setdefault(index, {})[slot], target = _owned(t)
+        owned.append(target)
+    kept = dataclasses.replace(adapter, targets=tuple(owned))
+    return AdapterHandle(kept, adapter_digest(payload), layers)
 
 
 def _slot(name: str, num_layers: int) -> tuple[int, str | None]:

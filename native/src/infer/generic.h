@@ -924,6 +924,43 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     }
 }
 
+// ---- LoRA up-projection (infer.h LoraUpFn) ------------------------------------------------
+// U vectors of outputs at once: independent add chains hide the add latency (r is small).
+template <class V, bool I8, int U>
+inline void lora_up_block(const LoraUp& b, const float* h, int64_t n, float* y) {
+    using T = typename V::T;
+    T acc[U];
+    for (int u = 0; u < U; ++u) acc[u] = V::zero();
+    for (int64_t j = 0; j < b.r; ++j) {
+        const T hj = V::set1(h[j]);
+        const int64_t row = j * b.N + n;
+        for (int u = 0; u < U; ++u) {
+            const T w = I8 ? V::load_i8(static_cast<const int8_t*>(b.codes) + row + u * V::W)
+                           : V::load(static_cast<const float*>(b.codes) + row + u * V::W);
+            acc[u] = V::add(acc[u], V::mul(hj, w));
+        }
+    }
+    for (int u = 0; u < U; ++u) {
+        float* yo = y + n + u * V::W;
+        const T a = I8 ? V::mul(acc[u], V::load(b.scales + n + u * V::W)) : acc[u];
+        V::store(yo, V::add(V::load(yo), a));
+    }
+}
+
+template <class V, bool I8>
+void lora_up_range(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float* y) {
+    int64_t n = n0;
+    for (; n + 4 * V::W <= n1; n += 4 * V::W) lora_up_block<V, I8, 4>(b, h, n, y);
+    for (; n + V::W <= n1; n += V::W) lora_up_block<V, I8, 1>(b, h, n, y);
+    for (; n < n1; ++n) lora_up_block<VS, I8, 1>(b, h, n, y);
+}
+
+template <class V>
+void lora_up_row(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float* y) {
+    if (b.scales != nullptr) return lora_up_range<V, true>(b, h, n0, n1, y);
+    lora_up_range<V, false>(b, h, n0, n1, y);
+}
+
 }  // namespace
 }  // namespace infer
 }  // namespace edgepack
@@ -932,5 +969,6 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
 #define EDGEPACK_INFER_TABLE(NAME, V, Q8B, Q8P, Q8G, FB, FP, FG)                                  \
     {                                                                                            \
         NAME, quant_act_row<V>, rmsnorm_row<V>, rmsnorm_quant_row<V>, swiglu_row<V>,             \
-            swiglu_quant_row<V>, rope_row<V>, kv_write<V>, attn_heads<V>, Q8B, Q8P, Q8G, FB, FP, FG \
+            swiglu_quant_row<V>, rope_row<V>, kv_write<V>, attn_heads<V>, Q8B, Q8P, Q8G, FB, FP, FG, \
+            lora_up_row<V>                                                                       \
     }

@@ -163,6 +163,17 @@ using F32PrepFn = void (*)(const WeightView& w, const ActF32& x, int64_t t0, int
 using F32GemmFn = void (*)(const WeightView& w, const ActF32& x, int64_t n0, int64_t n1,
                            const GemmOut& out);
 
+// A LoRA up-projection factor stored transposed, B^T [r, N] row-major (runtime_shim
+// .adapters.LoraPair.b_t): int8 codes with per-output scales, or float32 (scales null).
+struct LoraUp {
+    const void* codes = nullptr;
+    const float* scales = nullptr;  // [N]; non-null iff the codes are int8
+    int64_t r = 0, N = 0;
+};
+// y[n] += scale[n] * sum_j h[j] * B^T[j, n] for n in [n0, n1): per output, mul then add
+// in increasing j, then the scale, then the add to y, so bit-identical on every ISA.
+using LoraUpFn = void (*)(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float* y);
+
 // The dispatch table of inference kernels of one ISA; every entry is filled.  Selected
 // together with the quantization KernelTable of the same name (dispatch.cpp).
 struct InferTable {
@@ -181,6 +192,7 @@ struct InferTable {
     F32PrepBytesFn f32_prep_bytes;
     F32PrepFn f32_prep;
     F32GemmFn f32_gemm;
+    LoraUpFn lora_up;
 };
 
 const InferTable& scalar_infer_table();

@@ -44,10 +44,12 @@ struct Lin {
     int64_t act_group = 0;
     bool quantized = false;
     int64_t N = 0, K = 0;
-    // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with
-    // lora_a = A^T [K, rank] and lora_b = (target scale * B)^T [rank, N], both row-major.
-    const float* lora_a = nullptr;
-    const float* lora_b = nullptr;
+    // LoRA adapter (runtime_shim.adapters.LoraPair): y += s * (x A^T) B^T, with A [rank, K]
+    // as stored (int8 per row, f16 or f32), B^T [rank, N] and s the session's scale times
+    // the target's.  rank == 0: no adapter.
+    WeightView lora_a;
+    LoraUp lora_b;
+    float lora_scale = 1.0f;
     int64_t rank = 0;
 };
 
@@ -80,8 +82,7 @@ struct LayerArgs {
     bool act = false;
     const float* x = nullptr;
     float* out = nullptr;
-    float lora_scale = 1.0f;  // the session's adapter scale (LayerLora.scale)
-    int64_t max_rank = 0;     // 0: no adapter on this layer
+    int64_t max_rank = 0;  // 0: no adapter on this layer
 };
 
 // Bump allocator over a grow-only per-thread buffer (the layer runs on the caller thread).
@@ -157,51 +158,50 @@ struct Runner {
         o.ldr = l.N;
         o.bias = l.bias;
         if (l.u != nullptr) {
-            ActF32 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.x = as_float(in, l.K);
-            lowrank(*l.u, *l.v, x, o);
+            lowrank(*l.u, *l.v, act_f32(as_float(in, l.K), l.K), o);
         } else if (in.q != nullptr && l.quantized) {
-            ActQ8 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.group = in.group;
-            x.q = in.q;
-            x.s = in.s;
-            matmul_q8(*l.w, x, o);
+            matmul_q8(*l.w, act_q8(in, l.K), o);
         } else {
-            ActF32 x;
-            x.T = a.T;
-            x.K = l.K;
-            x.x = as_float(in, l.K);
-            matmul_f32(*l.w, x, o);
+            matmul_f32(*l.w, act_f32(as_float(in, l.K), l.K), o);
         }
-        if (l.lora_a != nullptr) add_lora(l, in, y);
+        if (l.rank > 0) add_lora(l, in, y);
     }
 
-    // y[T, N] += s * (x A^T) B^T on the float values of the input the matmul read (the
-    // int8 path's quantized activations dequantized, as the numpy chain does).
+    ActQ8 act_q8(const Act& in, int64_t K) const {
+        ActQ8 x;
+        x.T = a.T;
+        x.K = K;
+        x.group = in.group;
+        x.q = in.q;
+        x.s = in.s;
+        return x;
+    }
+
+    ActF32 act_f32(const float* xf, int64_t K) const {
+        ActF32 x;
+        x.T = a.T;
+        x.K = K;
+        x.x = xf;
+        return x;
+    }
+
+    // y[T, N] += s * (x A^T) B^T on the kernels of the active ISA, the factors read in
+    // their stored encoding.  An int8 input meets int8 A in the integer kernel; otherwise A
+    // reads the input's float values (the int8 path's quantized activations dequantized,
+    // as the numpy chain does).
     void add_lora(const Lin& l, const Act& in, float* y) {
-        const float* x = lora_input(in, l.K);
         const int64_t r = l.rank;
-        float* __restrict h = ar.get<float>(a.T * r);
-        for (int64_t t = 0; t < a.T; ++t) {
-            float* __restrict ht = h + t * r;
-            for (int64_t j = 0; j < r; ++j) ht[j] = 0.0f;
-            const float* __restrict xt = x + t * l.K;
-            for (int64_t k = 0; k < l.K; ++k) {
-                const float xv = xt[k];
-                const float* __restrict ak = l.lora_a + k * r;
-                for (int64_t j = 0; j < r; ++j) ht[j] += xv * ak[j];
-            }
-            float* __restrict yt = y + t * l.N;
-            for (int64_t j = 0; j < r; ++j) {
-                const float hv = ht[j] * a.lora_scale;
-                const float* __restrict bj = l.lora_b + j * l.N;
-                for (int64_t n = 0; n < l.N; ++n) yt[n] += hv * bj[n];
-            }
+        float* h = ar.get<float>(a.T * r);
+        GemmOut mid;
+        mid.y = h;
+        mid.ldy = r;
+        if (in.q != nullptr && l.lora_a.enc == WEnc::i8) {
+            matmul_q8(l.lora_a, act_q8(in, l.K), mid);
+        } else {
+            matmul_f32(l.lora_a, act_f32(lora_input(in, l.K), l.K), mid);
         }
+        for (int64_t i = 0; i < a.T * r; ++i) h[i] *= l.lora_scale;
+        lora_up(l.lora_b, h, a.T, y, l.N);
     }
 
     // The float values of an adapter's input, dequantized once per quantized input (q, k
@@ -461,17 +461,80 @@ Lin linear_of(const py::object& lin, const char* what, int64_t N, int64_t K, std
     return l;
 }
 
-const float* f32_matrix(const py::object& o, int64_t rows, int64_t cols, const std::string& what,
-                        std::vector<py::object>& keep) {
-    if (!py::isinstance<py::array>(o)) throw py::type_error("decoder_layer: " + what + " must be a numpy array");
+// ---- ctx.lora: checked per call, names built only for an error message -----------------
+
+[[noreturn]] void bad_lora(const char* slot, const std::string& what) {
+    bad(std::string("ctx.lora.pairs['") + slot + "']." + what);
+}
+
+[[noreturn]] void bad_lora_type(const char* slot, const std::string& what) {
+    throw py::type_error(std::string("decoder_layer: ctx.lora.pairs['") + slot + "']." + what);
+}
+
+// A C-contiguous little-endian 2-D array [rows, cols] (0: any size >= 1).
+py::array lora_array(const py::object& o, int64_t rows, int64_t cols, const char* slot, const char* what) {
+    if (!py::isinstance<py::array>(o)) bad_lora_type(slot, std::string(what) + " must be a numpy array");
     py::array m = py::reinterpret_borrow<py::array>(o);
-    if (!is_f32(m)) throw py::type_error("decoder_layer: " + what + " must be float32");
-    if (m.ndim() != 2 || m.shape(0) != rows || (cols > 0 && m.shape(1) != cols) || m.shape(1) < 1 ||
-        !(m.flags() & py::array::c_style)) {
-        bad(what + " must be a contiguous [" + std::to_string(rows) + ", " + (cols > 0 ? std::to_string(cols) : "r") + "] array");
+    if (m.ndim() != 2 || m.shape(0) < 1 || m.shape(1) < 1 || (rows > 0 && m.shape(0) != rows) ||
+        (cols > 0 && m.shape(1) != cols) || !(m.flags() & py::array::c_style) || m.dtype().byteorder() == '>') {
+        auto dim = [](int64_t d) { return d > 0 ? std::to_string(d) : std::string("r"); };
+        bad_lora(slot, std::string(what) + " must be a contiguous [" + dim(rows) + ", " + dim(cols) + "] array");
     }
-    keep.push_back(m);
-    return static_cast<const float*>(m.data());
+    return m;
+}
+
+// float32 [n] (a factor's per-row scales).
+const float* lora_scales(const py::object& o, int64_t n, const char* slot, const char* what,
+                         std::vector<py::object>& keep) {
+    if (!py::isinstance<py::array>(o)) bad_lora_type(slot, std::string(what) + " must be a numpy array");
+    py::array v = py::reinterpret_borrow<py::array>(o);
+    if (!is_f32(v) || v.ndim() != 1 || v.shape(0) != n || !(v.flags() & py::array::c_style)) {
+        bad_lora(slot, std::string(what) + " must be a contiguous float32 [" + std::to_string(n) + "] vector");
+    }
+    keep.push_back(v);
+    return static_cast<const float*>(v.data());
+}
+
+// A (format.adapter.LoraFactor [r, K] as stored) as a WeightView: int8 codes with float32
+// per-row scales, or float16 / float32 codes.
+WeightView lora_down(const py::object& f, int64_t K, const char* slot, std::vector<py::object>& keep) {
+    py::array codes = lora_array(get(f, "codes"), 0, K, slot, "a.codes");
+    WeightView w;
+    w.N = codes.shape(0);
+    w.K = K;
+    w.codes = codes.data();
+    keep.push_back(codes);
+    const char kind = codes.dtype().kind();
+    const auto size = codes.itemsize();
+    if (kind == 'i' && size == 1) {
+        w.enc = WEnc::i8;
+        w.group = K;
+        w.scales_f32 = lora_scales(get(f, "scales"), w.N, slot, "a.scales", keep);
+    } else if (kind == 'f' && size == 2) {
+        w.enc = WEnc::f16;
+    } else if (kind == 'f' && size == 4) {
+        w.enc = WEnc::f32;
+    } else {
+        bad_lora_type(slot, "a.codes must be int8, float16 or float32");
+    }
+    return w;
+}
+
+// B^T (LoraPair.b_t [r, N], b_scales): int8 codes with per-output scales, or float32.
+LoraUp lora_up_of(const py::object& pair, int64_t r, int64_t N, const char* slot, std::vector<py::object>& keep) {
+    py::array codes = lora_array(get(pair, "b_t"), r, N, slot, "b_t");
+    keep.push_back(codes);
+    LoraUp b;
+    b.codes = codes.data();
+    b.r = r;
+    b.N = N;
+    const py::object scales = get(pair, "b_scales");
+    if (codes.dtype().kind() == 'i' && codes.itemsize() == 1) {
+        b.scales = lora_scales(scales, N, slot, "b_scales", keep);
+    } else if (!is_f32(codes) || !scales.is_none()) {
+        bad_lora_type(slot, "b_t must be int8 (with b_scales) or float32 (b_scales None)");
+    }
+    return b;
 }
 
 // ctx.lora (runtime_shim.adapters.LayerLora, or None): its pairs by slot name, and scale.
@@ -479,19 +542,28 @@ void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& ke
     if (lora.is_none()) return;
     const double scale = get(lora, "scale").cast<double>();
     if (!std::isfinite(scale)) bad("ctx.lora.scale must be finite");
-    a.lora_scale = static_cast<float>(scale);
-    const py::dict pairs = get(lora, "pairs").cast<py::dict>();
-    keep.push_back(pairs);
+    const py::object pairs_o = get(lora, "pairs");
+    if (!PyDict_Check(pairs_o.ptr())) throw py::type_error("decoder_layer: ctx.lora.pairs must be a dict");
+    keep.push_back(pairs_o);
     const std::pair<const char*, Lin*> slots[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"o", &a.o},
                                                   {"gate", &a.gate}, {"up", &a.up}, {"down", &a.down}};
-    for (const auto& [slot, lin] : slots) {
-        if (!pairs.contains(slot)) continue;
-        const py::object pair = pairs[slot];
-        const std::string name = std::string("ctx.lora.pairs['") + slot + "']";
-        lin->lora_a = f32_matrix(get(pair, "a_t"), lin->K, 0, name + ".a_t", keep);
-        lin->rank = py::reinterpret_borrow<py::array>(keep.back()).shape(1);
-        lin->lora_b = f32_matrix(get(pair, "b_t"), lin->rank, lin->N, name + ".b_t", keep);
-        a.max_rank = std::max(a.max_rank, lin->rank);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(pairs_o.ptr(), &pos, &key, &value)) {  // one pass: no key strings made
+        if (!PyUnicode_Check(key)) continue;
+        for (const auto& [slot, lin] : slots) {
+            if (PyUnicode_CompareWithASCIIString(key, slot) != 0) continue;
+            const py::handle pair(value);
+            lin->lora_a = lora_down(get(pair, "a"), lin->K, slot, keep);
+            const int64_t r = lin->lora_a.N;
+            lin->lora_b = lora_up_of(py::reinterpret_borrow<py::object>(pair), r, lin->N, slot, keep);
+            const double s = scale * get(pair, "scale").cast<double>();  // as LoraPair.delta: one rounding
+            if (!std::isfinite(s)) bad_lora(slot, "scale times ctx.lora.scale must be finite");
+            lin->lora_scale = static_cast<float>(s);
+            lin->rank = r;
+            a.max_rank = std::max(a.max_rank, r);
+            break;
+        }
     }
 }
 

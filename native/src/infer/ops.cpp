@@ -219,6 +219,15 @@ void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const Ge
     matmul_f32(u, hx, out);
 }
 
+void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy) {
+    const InferTable& tb = active();
+    auto rows = [&](int64_t n0, int64_t n1) {
+        for (int64_t t = 0; t < T; ++t) tb.lora_up(b, h + t * b.r, n0, n1, y + t * ldy);
+    };
+    if (b.N * b.r * T < 8 * kParallelMin) return rows(0, b.N);
+    pool().parallel_for(b.N, 64, rows, 2);
+}
+
 // [T, H, D] rows (token stride ts) rotated into contiguous scratch of the given slot.
 static const float* rotated(int slot, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
     auto* r = reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));

@@ -40,6 +40,8 @@ void matmul_q8(const WeightView& w, const ActQ8& x, const GemmOut& out);
 void matmul_f32(const WeightView& w, const ActF32& x, const GemmOut& out);
 // y = U (V x): V [r, K], U [N, r]; the [T, r] intermediate stays internal.
 void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const GemmOut& out);
+// A LoRA adapter's up-projection: y[t, n] += scale[n] * sum_j h[t, j] * B^T[j, n] (h [T, r]).
+void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy);
 
 // Write T tokens (k/v [T, Hkv, D] with token strides) at positions start.. start+T-1 and
 // attend causally: query t sees positions [0, start + t].  q [T, Hq, D] (token stride

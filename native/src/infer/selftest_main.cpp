@@ -7,7 +7,7 @@
 //       native/src/infer/selftest_main.cpp native/src/infer/ref_infer.cpp
 //       native/src/arch/neon/infer_neon.cpp -o selftest && qemu-aarch64 ./selftest
 //
-// Checks: every generic kernel bit-identical to the reference; matmul_q8 bit-identical
+// Checks: every generic kernel (the LoRA up-projection too) bit-identical to the reference; matmul_q8 bit-identical
 // for NEON (same block order as the reference) and within 1e-5 * sum|terms| elsewhere;
 // matmul_f32 within 1e-4 of the largest output (a loose smoke bound; the Python tests
 // check the stated per-element bounds).
@@ -301,6 +301,33 @@ void check_matmul(const InferTable& ref, const InferTable& t) {
     }
 }
 
+// The LoRA up-projection: bit-identical to the reference for int8 and float B^T, over
+// output ranges that start and end off the vector width.
+void check_lora_up(const InferTable& ref, const InferTable& t) {
+    const std::string name = t.name;
+    for (int64_t r : {16, 1, 5}) {
+        for (int64_t N : {576, 192, 37}) {
+            const std::vector<float> h = randn(static_cast<size_t>(r)), bf = randn(static_cast<size_t>(r * N));
+            const std::vector<float> sc = randn(static_cast<size_t>(N), 0.01f), y0 = randn(static_cast<size_t>(N));
+            std::vector<int8_t> bq(static_cast<size_t>(r * N));
+            for (size_t i = 0; i < bq.size(); ++i) bq[i] = static_cast<int8_t>(static_cast<int>(bf[i] * 40.0f) % 128);
+            for (bool i8 : {true, false}) {
+                LoraUp b;
+                b.codes = i8 ? static_cast<const void*>(bq.data()) : static_cast<const void*>(bf.data());
+                b.scales = i8 ? sc.data() : nullptr;
+                b.r = r;
+                b.N = N;
+                std::vector<float> ya = y0, yb = y0;
+                ref.lora_up(b, h.data(), 0, N, ya.data());
+                t.lora_up(b, h.data(), 3, N / 2, yb.data());
+                t.lora_up(b, h.data(), 0, 3, yb.data());
+                t.lora_up(b, h.data(), N / 2, N, yb.data());
+                if (!same(ya, yb)) fail(name + " lora_up r=" + std::to_string(r) + " N=" + std::to_string(N) + (i8 ? " int8" : " f32"));
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -319,6 +346,7 @@ int main() {
         check_rows(ref, *t);
         check_attention(ref, *t);
         check_matmul(ref, *t);
+        check_lora_up(ref, *t);
         std::printf("%s: %s\n", t->name, failures ? "FAILED" : "ok");
     }
     return failures ? 1 : 0;
