@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 
 def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
-    """The statistics text ``run`` prints, as JSON: the counters, the derived rates, the
-    bytes of KV cache the session holds and the process's peak memory."""
+    """The statistics text ``run`` prints, as JSON: the counters, the derived rates and
+    the memory: package bytes mapped, KV cache bytes the session holds, the layer arena
+    (planned at open) and the process's peak resident set."""
     from edgepack.runtime_shim.stats import peak_rss_bytes
 
     return {
@@ -42,6 +43,8 @@ def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
         "decode_tokens_per_s": st.decode_tokens_per_s,
         "kv_tokens": session.seq.length,
         "kv_bytes": len(session.seq.blocks) * session.model.kv_pool.bytes_per_block,
+        "weights_mapped_bytes": session.model.weights_mapped_bytes,
+        "arena_bytes": session.model.arena.nbytes,
         "peak_rss_bytes": peak_rss_bytes(),
     }
 
@@ -56,8 +59,7 @@ def _lookup_line(st: GenerationStats) -> str:
 
 
 def _stats_text(st: GenerationStats, session: Session) -> str:
-    from edgepack.runtime_shim.stats import peak_rss_bytes
-
+    mem = {k: v / 2**20 for k, v in _stats_json(st, session).items() if k.endswith("_bytes")}
     return (
         f"{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
         f"{st.generated_tokens} generated ({st.finish_reason})\n"
@@ -67,7 +69,9 @@ def _stats_text(st: GenerationStats, session: Session) -> str:
         f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
         f"kv {st.kv_mode} ({session.seq.length} tokens held); activations {st.activations}\n"
         f"{_lookup_line(st)}"
-        f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB"
+        f"memory: weights mapped {mem['weights_mapped_bytes']:.1f} MiB, "
+        f"KV {mem['kv_bytes']:.2f} MiB, arena {mem['arena_bytes']:.2f} MiB, "
+        f"peak RSS {mem['peak_rss_bytes']:.1f} MiB"
     )
 
 

@@ -40,8 +40,10 @@ from .kernels import (
     select_kernels,
     with_float_activations,
 )
+from .kernels.layer_buffers import LayerShape
 from .kv_cache import KVCacheConfig, KVPool
 from .kv_cache import Sequence as KVSequence
+from .layer_arena import ModelArena
 from .prefix_cache import PrefixStore
 from .stats import ForwardStats
 from .weights import ModelWeights, bind_weights
@@ -194,6 +196,8 @@ class Model:
         kernels.bind([lin for layer in weights.layers for lin in layer.linears])
         kernels.bind([weights.output])
         try:  # stored prefix KV caches: hash-checked, bound to this model, or ignored
+            shape = LayerShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+            self.arena = ModelArena(weights.layers, shape, self.prefill_chunk, self.act_int8, kernels)
             self.prefix_store = PrefixStore.load(self)
         except BaseException:
             self.close()
@@ -221,6 +225,11 @@ class Model:
     @property
     def kernel_path(self) -> str:
         return self.kernels.name
+
+    @property
+    def weights_mapped_bytes(self) -> int:
+        """Bytes of the package file mapped (the weights are read from it in place)."""
+        return os.path.getsize(self.package.path)
 
     @property
     def kv_mode(self) -> str:
@@ -397,6 +406,7 @@ class Model:
         if collect is not None:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
+        arena = self.arena.native_for(adapter)
         for lw in self.weights.layers:
             if teacher is not None:
                 x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
@@ -418,6 +428,7 @@ class Model:
                 attn_scale=cfg.attention_scale,
                 attn_softcap=cfg.attn_softcap,
                 lora=None if adapter is None else adapter.layers[lw.index],
+                arena=arena,
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
