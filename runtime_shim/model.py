@@ -197,7 +197,9 @@ class Model:
         kernels.bind([weights.output])
         try:  # stored prefix KV caches: hash-checked, bound to this model, or ignored
             shape = LayerShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-            self.arena = ModelArena(weights.layers, shape, self.prefill_chunk, self.act_int8, kernels)
+            self.arena = ModelArena(
+                weights.layers, shape, self.prefill_chunk, self.act_int8, kernels
+            )
             self.prefix_store = PrefixStore.load(self)
         except BaseException:
             self.close()

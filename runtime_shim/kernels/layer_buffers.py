@@ -73,9 +73,10 @@ def _one_layer(
             first, last = ("attn_norm", "qkv") if prefix == "attn" else ("ffn_norm", "gate_up")
             out.append(_spec(f"{prefix}_q8", T * H * _I8, first, last))
             out.append(_spec(f"{prefix}_s", T * (H // group) * _F32, first, last))
+    shared_by = {"q": "attn", "k": "attn", "v": "attn", "gate": "ffn", "up": "ffn"}
     for name, lin in zip(_LINEAR_STEPS, lw.linears, strict=True):
-        group = lw.qkv_group if name in ("q", "k", "v") else lw.gate_up_group if name in ("gate", "up") else None
-        out += _linear_buffers(name, lin, T, act_int8, own_input=not group, lora_rank=lora_rank)
+        own_input = not shared.get(shared_by.get(name, ""))
+        out += _linear_buffers(name, lin, T, act_int8, own_input, lora_rank)
     return out
 
 
