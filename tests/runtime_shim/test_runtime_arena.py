@@ -4,6 +4,7 @@ or too few tokens, is refused instead of overrunning."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from runtime_fixtures import native_runtime_module, tiny_package
 
 from edgepack import runtime_shim as rt
 from edgepack.runtime_shim.layer_arena import REUSE_ENV
+from edgepack.runtime_shim.memory_plan import check
 
 IDS = [(7 * i + 3) % 250 + 1 for i in range(21)]
 CHUNK = 8  # prefill chunks of 8, 8, 5 tokens, then decode steps of 1
@@ -94,3 +96,51 @@ def test_numpy_kernels_get_no_arena(pkg: Path) -> None:
     with rt.open(pkg, kernels="numpy", verify="none") as m:
         assert m.arena.native is None and m.arena.nbytes == 0
         assert m.arena.plans  # planned all the same: the figures are known
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_adapter_outputs_are_bit_identical_with_reuse_on_and_off(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, activations: str
+) -> None:
+    """A session's adapter replans the arena for its rank; its buffers (and the dequantized
+    inputs the layer caches by address) stay sound when bytes are shared."""
+    pytest.importorskip("peft")
+    native_runtime_module("LayerArena")
+    from adapterfactory import IDS as AIDS
+    from adapterfactory import base_model, make_peft_adapter
+
+    from edgepack.packager.adapters import pack_adapter
+    from edgepack.packager.convert import convert
+
+    root = tmp_path_factory.mktemp("arena-lora")
+    base = root / "base-int8.epk"
+    convert(base_model(root), base, encoding="int8")
+    adapter = root / "adapter.epk"
+    pack_adapter(base, make_peft_adapter(root, "peft", seed=3).path, adapter)
+    runs = {}
+    modes = ("reuse", "off", "unplanned") + (("aliased",) if activations == "int8" else ())
+    for mode in modes:
+        monkeypatch.setenv(REUSE_ENV, "0" if mode in ("off", "aliased") else "1")
+        with rt.open(base, kernels="native", activations=activations, verify="none") as m:
+            handle = m.load_adapter(adapter)
+            s = m.session(adapter=handle)
+            if mode == "unplanned":
+                m.arena._make = lambda *_: None  # replanning for the rank binds nothing
+            if mode == "aliased":  # the FFN's codes where the attention's were: still sound
+                m.arena.native_for(s.adapter)
+                m.arena.native = m.kernels.layer_arena(m.arena.nbytes, _aliased_codes(m))
+            runs[mode] = s.logits(AIDS)
+            assert m.arena.lora_rank == handle.rank > 0
+    for mode in modes[1:]:
+        np.testing.assert_array_equal(runs["reuse"], runs[mode], strict=True)
+
+
+def _aliased_codes(m: rt.Model):
+    """The arena's plans with ffn_q8 moved onto attn_q8 (never live together)."""
+    out = []
+    for t, p in m.arena.plans.items():
+        moved = replace(p["ffn_q8"], offset=p["attn_q8"].offset)
+        buffers = tuple(moved if b.spec.name == "ffn_q8" else b for b in p.buffers)
+        p = check(replace(p, buffers=buffers))
+        out.append((t, {b.spec.name: (b.offset, b.spec.nbytes) for b in p.buffers}))
+    return out
