@@ -231,8 +231,9 @@ class Model:
 
     @property
     def weights_mapped_bytes(self) -> int:
-        """Bytes of the package file mapped (the weights are read from it in place)."""
-        return os.path.getsize(self.package.path)
+        """Bytes of tensor data in the package's mapping: the weights, read in place (the
+        file's other bytes, its header and sections, are not weights)."""
+        return sum(t.nbytes for t in self.package.header.tensors)
 
     @property
     def kv_mode(self) -> str:
@@ -254,21 +255,30 @@ class Model:
 
     def stop_token_ids(self) -> set[int]:
         """End-of-sequence ids: the config's, plus special end-of-turn tokens the
-        tokenizer defines (read from its JSON: no tokenizer library needed)."""
+        tokenizer defines: the built tokenizer's when text came in, else read from its
+        JSON (generating from ids needs no tokenizer library)."""
         if self._stop_ids is None:
             ids = set(self.config.eos_token_ids)
-            raw = self.package.section(SectionKind.TOKENIZER)
-            if raw is not None:
-                try:
-                    added = json.loads(raw).get("added_tokens") or []
-                except ValueError:
-                    added = []
-                for tok in added:
-                    if tok.get("special") and tok.get("content") in _END_TOKENS:
-                        ids.add(int(tok["id"]))
-                release_freed_memory()  # the parsed JSON of the whole vocabulary
+            for tid, text in self._special_tokens().items():
+                if text in _END_TOKENS:
+                    ids.add(tid)
             self._stop_ids = ids
         return set(self._stop_ids)
+
+    def _special_tokens(self) -> dict[int, str]:
+        from .tokenizer import special_tokens
+
+        if self._tokenizer is not None:
+            return self._tokenizer.special_tokens()
+        raw = self.package.section(SectionKind.TOKENIZER)
+        if raw is None:
+            return {}
+        try:
+            return special_tokens(json.loads(raw))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return {}
+        finally:
+            release_freed_memory()  # the parsed JSON of the whole vocabulary
 
     # -- adapters --------------------------------------------------------------------------
     def load_adapter(

@@ -55,13 +55,12 @@ class Tokenizer:
                 self._impl = _HF(tk)
                 self.backend = "tokenizers"
                 added = tk.get_added_tokens_decoder().items()
-                self._special = {int(i) for i, t in added if t.special}
+                self._special = {int(i): t.content for i, t in added if t.special}
         if self._impl is None:
             spec = json.loads(spec) if isinstance(spec, bytes) else spec
             self._impl = _PyBPE(spec)
             self.backend = "python"
-            added = spec.get("added_tokens") or []
-            self._special = {int(t["id"]) for t in added if t.get("special")}
+            self._special = special_tokens(spec)
 
     @classmethod
     def from_package(cls, pkg: Package, backend: str | None = None) -> Tokenizer:
@@ -89,12 +88,23 @@ class Tokenizer:
     def is_special(self, tid: int) -> bool:
         return int(tid) in self._special
 
+    def special_tokens(self) -> dict[int, str]:
+        """Id -> text of the special added tokens (what :func:`special_tokens` reads from
+        the JSON, without parsing it again)."""
+        return dict(self._special)
+
     @property
     def vocab_size(self) -> int:
         return self._impl.vocab_size
 
     def stream(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
+
+
+def special_tokens(spec: dict[str, Any]) -> dict[int, str]:
+    """Id -> text of the special added tokens of a parsed ``tokenizer.json``."""
+    added = spec.get("added_tokens") or []
+    return {int(t["id"]): str(t.get("content", "")) for t in added if t.get("special")}
 
 
 class StreamDecoder:
