@@ -121,8 +121,8 @@ def open(
                 )
             how = check_weights(pkg, integrity_records, threads)
             _log.debug("weights of %s: %s", path, how)
-        if verify != "none":  # hashing left the whole file resident: the layers fault
-            pkg.release_resident_pages()  # it back in as they read it
+        if verify != "none":  # a hash pass leaves the whole file resident: let the
+            pkg.release_resident_pages()  # layers fault it back in as they read it
         arch = pkg.header.identity.architecture
         if arch != "llama":
             problem = CompatibilityProblem(

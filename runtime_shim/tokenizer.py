@@ -25,7 +25,7 @@ from edgepack.format import Package, SectionKind
 
 from .errors import TokenizerUnavailableError
 
-__all__ = ["StreamDecoder", "Tokenizer"]
+__all__ = ["StreamDecoder", "Tokenizer", "special_tokens"]
 
 ENV_VAR = "EDGEPACK_TOKENIZER"
 
