@@ -31,9 +31,11 @@ if TYPE_CHECKING:
     from edgepack.runtime_shim.stats import GenerationStats
 
 
-def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
-    """The statistics text ``run`` prints, as JSON: the counters, the derived rates, the
-    bytes of KV cache the session holds and the process's peak memory."""
+def _stats_json(st: GenerationStats, session: Session, rss_before_open: int) -> dict[str, Any]:
+    """The statistics text ``run`` prints, as JSON: the counters, the derived rates and
+    the memory: tensor bytes mapped, KV cache bytes the session holds, the layer arena
+    (planned at open), the process's peak resident set and its resident set before the
+    package was opened (the interpreter and the libraries: part of the peak)."""
     from edgepack.runtime_shim.stats import peak_rss_bytes
 
     return {
@@ -42,7 +44,10 @@ def _stats_json(st: GenerationStats, session: Session) -> dict[str, Any]:
         "decode_tokens_per_s": st.decode_tokens_per_s,
         "kv_tokens": session.seq.length,
         "kv_bytes": len(session.seq.blocks) * session.model.kv_pool.bytes_per_block,
+        "weights_mapped_bytes": session.model.weights_mapped_bytes,
+        "arena_bytes": session.model.arena.nbytes,
         "peak_rss_bytes": peak_rss_bytes(),
+        "rss_before_open_bytes": rss_before_open,
     }
 
 
@@ -55,9 +60,9 @@ def _lookup_line(st: GenerationStats) -> str:
     )
 
 
-def _stats_text(st: GenerationStats, session: Session) -> str:
-    from edgepack.runtime_shim.stats import peak_rss_bytes
-
+def _stats_text(st: GenerationStats, session: Session, rss_before_open: int) -> str:
+    stats = _stats_json(st, session, rss_before_open)
+    mem = {k: v / 2**20 for k, v in stats.items() if k.endswith("_bytes")}
     return (
         f"{st.prompt_tokens} prompt tokens ({st.cached_prompt_tokens} cached), "
         f"{st.generated_tokens} generated ({st.finish_reason})\n"
@@ -67,7 +72,10 @@ def _stats_text(st: GenerationStats, session: Session) -> str:
         f"precision fallbacks {st.precision_fallbacks}; kernels {st.kernel_path}; "
         f"kv {st.kv_mode} ({session.seq.length} tokens held); activations {st.activations}\n"
         f"{_lookup_line(st)}"
-        f"peak RSS {peak_rss_bytes() / 2**20:.1f} MiB"
+        f"memory: weights mapped {mem['weights_mapped_bytes']:.1f} MiB, "
+        f"KV {mem['kv_bytes']:.2f} MiB, arena {mem['arena_bytes']:.2f} MiB, "
+        f"peak RSS {mem['peak_rss_bytes']:.1f} MiB "
+        f"({mem['rss_before_open_bytes']:.1f} MiB before the package was opened)"
     )
 
 
@@ -232,6 +240,7 @@ def run(
     (--json: nothing streams; one object with the text and the statistics). With -cnv,
     a conversation: each line of stdin is a user turn, each reply streams back."""
     from edgepack import runtime_shim
+    from edgepack.runtime_shim.stats import rss_bytes
 
     _log_to_stderr(verbose, quiet)
     text = _prompt_text(prompt, prompt_file)
@@ -241,6 +250,7 @@ def run(
         system = system if text is None else text
     elif text is None:
         raise click.UsageError("give the prompt: -p TEXT, -p - (stdin), -f FILE, or -cnv")
+    rss_before_open = rss_bytes()
     model = runtime_shim.open(
         package,
         trusted_keys=list(trusted_keys) or None,
@@ -259,7 +269,10 @@ def run(
         sampling["lookup"] = {"on": True, "off": False}.get(lookup, lookup)
     with model, model.session() as session:
         if conversation:
-            _converse(session, system, max_tokens, sampling, stats_file, as_json, quiet)
+            _converse(
+                session, system, max_tokens, sampling, stats_file, as_json, quiet,
+                rss_before_open,
+            )  # fmt: skip
             return
         if chat:
             messages = [{"role": "system", "content": system}] if system else []
@@ -268,13 +281,13 @@ def run(
         else:
             stream = session.generate(text, max_tokens, **sampling)
         reply = _stream_out(stream, as_json)
-        stats = _stats_json(session.stats, session)
+        stats = _stats_json(session.stats, session, rss_before_open)
         if stats_file:
             Path(stats_file).write_text(json_text(stats) + "\n", encoding="utf-8")
         if as_json:
             click.echo(json_text({"text": reply, "stats": stats}))
         elif not quiet:
-            click.echo(f"--\n{_stats_text(session.stats, session)}", err=True)
+            click.echo(f"--\n{_stats_text(session.stats, session, rss_before_open)}", err=True)
 
 
 def _stream_out(stream: Iterator[str], as_json: bool) -> str:
@@ -300,6 +313,7 @@ def _converse(
     stats_file: str | None,
     as_json: bool,
     quiet: bool,
+    rss_before_open: int,
 ) -> None:
     """The -cnv loop: the whole conversation is rendered with the chat template each
     turn, so the session reuses the K/V of every earlier turn (its common prefix) and
@@ -310,7 +324,7 @@ def _converse(
         messages.append({"role": "user", "content": user})
         reply = _stream_out(session.chat(messages, max_tokens, **sampling), as_json)
         messages.append({"role": "assistant", "content": reply})
-        stats = _stats_json(session.stats, session)
+        stats = _stats_json(session.stats, session, rss_before_open)
         turns.append({"user": user, "text": reply, "stats": stats})
         if not (quiet or as_json):
             st = session.stats
@@ -326,7 +340,7 @@ def _converse(
     if as_json:
         click.echo(json_text({"turns": turns}))
     elif turns and not quiet:
-        click.echo(f"--\n{_stats_text(session.stats, session)}", err=True)
+        click.echo(f"--\n{_stats_text(session.stats, session, rss_before_open)}", err=True)
 
 
 @click.command()

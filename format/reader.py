@@ -131,6 +131,14 @@ class Package:
             self._mm = None
         self._file.close()
 
+    def release_resident_pages(self) -> None:
+        """Drop this process's resident pages of the mapping: after a hash pass over the
+        whole file they would count in its RSS before any is needed. The mapping is a
+        read-only view of the file, so nothing is lost: the page cache keeps the pages
+        and a read faults them back. A no-op where ``madvise`` is missing (Windows)."""
+        if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED)
+
     def __enter__(self) -> Package:
         return self
 

@@ -2,6 +2,10 @@
 
 A signature covers the header digest; the header binds every tensor and section hash,
 so checking signatures here plus hashes in the reader authenticates the whole file.
+
+``cryptography`` is imported by the functions that use a key, not with this module: a
+process that checks no signature (``edgepack run --verify none``, an app given no trusted
+key) never maps its 9 MiB.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import flatbuffers
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .constants import DIGEST_SIZE, SIGNATURE_CONTEXT, SignatureAlgorithm
 from .errors import InvalidThresholdError, SignatureError
 from .schema import Signature as fb_Signature
 from .schema import SignatureBlock as fb_Block
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 __all__ = [
     "SignatureEntry",
@@ -47,6 +54,8 @@ class SignatureEntry:
 
 
 def key_id(public_key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).digest()
 
@@ -65,6 +74,9 @@ def generate_keypair(name: str | os.PathLike[str]) -> tuple[Path, Path]:
     for p in (key_path, pub_path):
         if p.exists():
             raise FileExistsError(f"{p} already exists; refusing to overwrite a key")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
         serialization.Encoding.PEM,
@@ -85,6 +97,9 @@ def generate_keypair(name: str | os.PathLike[str]) -> tuple[Path, Path]:
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM file ``path`` (``edgepack keygen``'s NAME.key);
     SignatureError saying what the file is when it is something else."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     raw = _read_key_file(path, "signing key")
     try:
         key = serialization.load_pem_private_key(raw, password=None)
@@ -98,6 +113,9 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
     """The Ed25519 public key in PEM file ``path`` (``edgepack keygen``'s NAME.pub);
     SignatureError saying what the file is when it is something else."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     raw = _read_key_file(path, "public key")
     try:
         key = serialization.load_pem_public_key(raw)
@@ -127,14 +145,19 @@ _PEM_KINDS = (
 )
 
 
-_ALGORITHMS = (
-    (Ed25519PrivateKey, "an Ed25519"),
-    (Ed25519PublicKey, "an Ed25519"),
-    (rsa.RSAPrivateKey, "an RSA"),
-    (rsa.RSAPublicKey, "an RSA"),
-    (ec.EllipticCurvePrivateKey, "an EC"),
-    (ec.EllipticCurvePublicKey, "an EC"),
-)
+def _algorithm(key: object) -> str:
+    """"an Ed25519", "an RSA", "an EC" for a key object of those kinds, else ""."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    kinds = (
+        (ed25519.Ed25519PrivateKey, "an Ed25519"),
+        (ed25519.Ed25519PublicKey, "an Ed25519"),
+        (rsa.RSAPrivateKey, "an RSA"),
+        (rsa.RSAPublicKey, "an RSA"),
+        (ec.EllipticCurvePrivateKey, "an EC"),
+        (ec.EllipticCurvePublicKey, "an EC"),
+    )
+    return next((label for cls, label in kinds if isinstance(key, cls)), "")
 
 
 def _not_a_key(path: str | os.PathLike[str], raw: bytes, wanted: str, exc=None) -> str:
@@ -145,13 +168,15 @@ def _not_a_key(path: str | os.PathLike[str], raw: bytes, wanted: str, exc=None) 
         what = "not a PEM key"
     elif what in ("a public key", "a private key"):
         kind = what.split()[1]
+        from cryptography.hazmat.primitives import serialization
+
         try:
             key = (
                 serialization.load_pem_public_key(raw)
                 if kind == "public"
                 else serialization.load_pem_private_key(raw, password=None)
             )
-            algo = next((label for cls, label in _ALGORITHMS if isinstance(key, cls)), "")
+            algo = _algorithm(key)
             what = f"{algo} {kind} key" if algo else what
         except (ValueError, TypeError):
             pass
@@ -250,6 +275,8 @@ def verify_signature_block(
     threshold: int = 1,
 ) -> list[bytes]:
     """Return the key ids of trusted keys whose signatures verify; raise if < threshold."""
+    from cryptography.exceptions import InvalidSignature
+
     check_threshold(threshold)
     if len(header_digest) != DIGEST_SIZE:
         raise ValueError("header digest must be 32 bytes")

@@ -397,7 +397,8 @@ def decoder_layer(
     kv (.mode "float", or "int8-legacy" / "int8-v5" / "int8" with .v_group a multiple of
     8, .k, .k_scales, .v, .v_scales, for the int5 ones .v_high, .v_mins, and .layout.rotate);
     optional: activation ("silu", "gelu", "gelu_tanh", "relu"), window, attn_scale,
-    attn_softcap (None: none; as attention_prefill's window / scale / softcap).
+    attn_softcap (None: none; as attention_prefill's window / scale / softcap), arena (a
+    LayerArena: every buffer at its planned offset; None: each in its own region).
     x [T, hidden] float32.  Returns (x_out, None) on success; on the int8-activation
     path (None, "activation scale overflow (<where>)") / (None, "non-finite K/V") ask for
     a float recompute, and (x_out, "non-finite layer output") flags the output; any other
@@ -405,3 +406,18 @@ def decoder_layer(
     the native kernels") before doing anything, for the caller to run the layer itself.
     Raises TypeError when an object lacks an attribute or a native Weight (call bind
     first), NumericError for non-finite K/V on the float path."""
+
+class LayerArena:
+    """The one activation buffer of decoder_layer (ctx.arena), allocated at construction,
+    with the memory plans of runtime_shim.memory_plan: [(tokens, {slot: (offset, size)})],
+    offsets 64-byte aligned inside nbytes; a call of T tokens uses the smallest plan with
+    tokens >= T (none: ValueError).  A slot the layer takes beyond its size: ValueError."""
+
+    SLOTS: tuple[str, ...]  # the slot names, in the native enum's order (layer_arena.h)
+    def __init__(
+        self, nbytes: int, plans: list[tuple[int, dict[str, tuple[int, int]]]]
+    ) -> None: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...

@@ -32,6 +32,7 @@ from .adapters import ActiveAdapter, AdapterHandle
 from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
 from .errors import InvalidRequestError, NumericError
+from .heap import release_freed_memory
 from .integrity import check_weights
 from .kernels import (
     Fallback,
@@ -40,8 +41,10 @@ from .kernels import (
     select_kernels,
     with_float_activations,
 )
+from .kernels.layer_buffers import LayerShape
 from .kv_cache import KVCacheConfig, KVPool
 from .kv_cache import Sequence as KVSequence
+from .layer_arena import ModelArena
 from .prefix_cache import PrefixStore
 from .stats import ForwardStats
 from .weights import ModelWeights, bind_weights
@@ -118,6 +121,8 @@ def open(
                 )
             how = check_weights(pkg, integrity_records, threads)
             _log.debug("weights of %s: %s", path, how)
+        if verify != "none":  # a hash pass leaves the whole file resident: let the
+            pkg.release_resident_pages()  # layers fault it back in as they read it
         arch = pkg.header.identity.architecture
         if arch != "llama":
             problem = CompatibilityProblem(
@@ -194,6 +199,10 @@ class Model:
         kernels.bind([lin for layer in weights.layers for lin in layer.linears])
         kernels.bind([weights.output])
         try:  # stored prefix KV caches: hash-checked, bound to this model, or ignored
+            shape = LayerShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+            self.arena = ModelArena(
+                weights.layers, shape, self.prefill_chunk, self.act_int8, kernels
+            )
             self.prefix_store = PrefixStore.load(self)
         except BaseException:
             self.close()
@@ -223,6 +232,12 @@ class Model:
         return self.kernels.name
 
     @property
+    def weights_mapped_bytes(self) -> int:
+        """Bytes of tensor data in the package's mapping: the weights, read in place (the
+        file's other bytes, its header and sections, are not weights)."""
+        return sum(t.nbytes for t in self.package.header.tensors)
+
+    @property
     def kv_mode(self) -> str:
         return self.kv_pool.mode
 
@@ -233,6 +248,7 @@ class Model:
             from .tokenizer import Tokenizer
 
             self._tokenizer = Tokenizer.from_package(self.package)
+            release_freed_memory()  # the build's temporaries: ~20 MiB on a 49k vocabulary
         return self._tokenizer
 
     def chat_template(self) -> str | None:
@@ -241,20 +257,30 @@ class Model:
 
     def stop_token_ids(self) -> set[int]:
         """End-of-sequence ids: the config's, plus special end-of-turn tokens the
-        tokenizer defines (read from its JSON: no tokenizer library needed)."""
+        tokenizer defines: the built tokenizer's when text came in, else read from its
+        JSON (generating from ids needs no tokenizer library)."""
         if self._stop_ids is None:
             ids = set(self.config.eos_token_ids)
-            raw = self.package.section(SectionKind.TOKENIZER)
-            if raw is not None:
-                try:
-                    added = json.loads(raw).get("added_tokens") or []
-                except ValueError:
-                    added = []
-                for tok in added:
-                    if tok.get("special") and tok.get("content") in _END_TOKENS:
-                        ids.add(int(tok["id"]))
+            for tid, text in self._special_tokens().items():
+                if text in _END_TOKENS:
+                    ids.add(tid)
             self._stop_ids = ids
         return set(self._stop_ids)
+
+    def _special_tokens(self) -> dict[int, str]:
+        from .tokenizer import special_tokens
+
+        if self._tokenizer is not None:
+            return self._tokenizer.special_tokens()
+        raw = self.package.section(SectionKind.TOKENIZER)
+        if raw is None:
+            return {}
+        try:
+            return special_tokens(json.loads(raw))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return {}
+        finally:
+            release_freed_memory()  # the parsed JSON of the whole vocabulary
 
     # -- adapters --------------------------------------------------------------------------
     def load_adapter(
@@ -397,6 +423,7 @@ class Model:
         if collect is not None:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
+        arena = self.arena.native_for(adapter)
         for lw in self.weights.layers:
             if teacher is not None:
                 x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
@@ -418,6 +445,7 @@ class Model:
                 attn_scale=cfg.attention_scale,
                 attn_softcap=cfg.attn_softcap,
                 lora=None if adapter is None else adapter.layers[lw.index],
+                arena=arena,
             )
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:

@@ -32,7 +32,15 @@ class SamplingParams:
 class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self._rng: np.random.Generator | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """Made at the first draw: greedy decoding never loads ``numpy.random`` (~2 MiB
+        of resident memory)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.params.seed)
+        return self._rng
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         p = self.params

@@ -6,7 +6,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["ForwardStats", "GenerationStats", "peak_rss_bytes"]
+__all__ = ["ForwardStats", "GenerationStats", "peak_rss_bytes", "rss_bytes"]
 
 
 @dataclass
@@ -66,18 +66,31 @@ class GenerationStats:
         )
 
 
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (None: no procfs)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux ``VmRSS``; 0 where unknown)."""
+    return _proc_status_bytes("VmRSS") or 0
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (0 where unknown).
 
     Linux: ``VmHWM`` of ``/proc/self/status``; ``getrusage`` would report the parent's
     peak for a process started by fork + exec (Linux keeps ``ru_maxrss`` across exec)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = _proc_status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # Windows

@@ -25,7 +25,7 @@ from edgepack.format import Package, SectionKind
 
 from .errors import TokenizerUnavailableError
 
-__all__ = ["StreamDecoder", "Tokenizer"]
+__all__ = ["StreamDecoder", "Tokenizer", "special_tokens"]
 
 ENV_VAR = "EDGEPACK_TOKENIZER"
 
@@ -33,8 +33,10 @@ _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\
 
 
 class Tokenizer:
-    def __init__(self, spec: dict[str, Any], backend: str | None = None) -> None:
-        self.spec = spec
+    def __init__(self, spec: dict[str, Any] | bytes, backend: str | None = None) -> None:
+        """``spec``: the parsed ``tokenizer.json``, or its bytes. From bytes the
+        ``tokenizers`` backend never builds the Python objects of the JSON (tens of MiB
+        for a 49k vocabulary, part of ``edgepack run``'s peak memory); nothing keeps it."""
         choice = (backend or os.environ.get(ENV_VAR, "") or "auto").lower()
         if choice not in ("auto", "python", "tokenizers"):
             raise ValueError(f"tokenizer backend must be python or tokenizers, got {choice!r}")
@@ -48,20 +50,24 @@ class Tokenizer:
                         "the tokenizers package is not installed"
                     ) from None
             else:
-                self._impl = _HF(HFTokenizer.from_str(json.dumps(spec)))
+                raw = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+                tk = HFTokenizer.from_buffer(raw)
+                self._impl = _HF(tk)
                 self.backend = "tokenizers"
+                added = tk.get_added_tokens_decoder().items()
+                self._special = {int(i): t.content for i, t in added if t.special}
         if self._impl is None:
+            spec = json.loads(spec) if isinstance(spec, bytes) else spec
             self._impl = _PyBPE(spec)
             self.backend = "python"
-        added = spec.get("added_tokens") or []
-        self._special = {int(t["id"]) for t in added if t.get("special")}
+            self._special = special_tokens(spec)
 
     @classmethod
     def from_package(cls, pkg: Package, backend: str | None = None) -> Tokenizer:
         raw = pkg.section(SectionKind.TOKENIZER)
         if raw is None:
             raise TokenizerUnavailableError("the package has no tokenizer section")
-        return cls(json.loads(raw), backend)
+        return cls(bytes(raw), backend)
 
     @classmethod
     def from_json(cls, text: str, backend: str | None = None) -> Tokenizer:
@@ -82,12 +88,23 @@ class Tokenizer:
     def is_special(self, tid: int) -> bool:
         return int(tid) in self._special
 
+    def special_tokens(self) -> dict[int, str]:
+        """Id -> text of the special added tokens (what :func:`special_tokens` reads from
+        the JSON, without parsing it again)."""
+        return dict(self._special)
+
     @property
     def vocab_size(self) -> int:
         return self._impl.vocab_size
 
     def stream(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
+
+
+def special_tokens(spec: dict[str, Any]) -> dict[int, str]:
+    """Id -> text of the special added tokens of a parsed ``tokenizer.json``."""
+    added = spec.get("added_tokens") or []
+    return {int(t["id"]): str(t.get("content", "")) for t in added if t.get("special")}
 
 
 class StreamDecoder:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class LayerContext:
     attn_scale: float | None = None  # scores scale (None: 1/sqrt(head_dim))
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask
     lora: LayerLora | None = None  # the session's adapter on this layer (runtime_shim/adapters)
+    arena: Any = None  # the native layer's planned buffer (runtime_shim.layer_arena), or None
 
     @property
     def windowed(self) -> bool:

@@ -92,6 +92,13 @@ class NativeKernels(CompositeLayer):
     def close(self) -> None:
         self.numpy.close()
 
+    def layer_arena(self, nbytes: int, plans: list[tuple[int, dict[str, tuple[int, int]]]]) -> Any:
+        """The extension's ``LayerArena`` (a layer's ``ctx.arena``) of ``nbytes`` with the
+        memory plans ``[(tokens, {slot: (offset, size)})]``; None when it has none."""
+        if not (self._fused_layer and hasattr(self.mod, "LayerArena")):
+            return None
+        return self.mod.LayerArena(nbytes, plans)
+
     def _drop(self, op: str, exc: BaseException) -> None:
         self.native_ops.discard(op)
         if op not in self.missing:

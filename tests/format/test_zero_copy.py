@@ -198,6 +198,23 @@ def test_views_survive_an_atomic_update_of_the_file(tmp_path: Path) -> None:
         del view
 
 
+def test_released_pages_leave_the_resident_set_and_read_back_the_same(small: BuiltPackage) -> None:
+    """After a hash pass the whole file is resident; releasing drops it from this
+    process (not from the file): the views read the same bytes again."""
+    with Package.open(small.path) as pkg:
+        pkg.verify(trusted_keys=[small.public_key])
+        ((_, _, resident),) = mappings(small.path)
+        assert resident > 0
+        pkg.release_resident_pages()
+        ((_, _, released),) = mappings(small.path)
+        assert released == 0
+        np.testing.assert_array_equal(
+            pkg.tensor("token_embd.weight"), small.stored["token_embd.weight"][0]
+        )
+        assert mappings(small.path)[0][2] > 0  # read back in
+        pkg.verify(trusted_keys=[small.public_key])
+
+
 # --------------------------------------------------------------------- cost of opening
 
 

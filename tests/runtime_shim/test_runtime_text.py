@@ -58,6 +58,17 @@ def test_special_tokens(both) -> None:
         assert tok.id_to_token(2) == "<|im_end|>"
 
 
+def test_special_tokens_agree_with_the_json(both, spec: dict) -> None:
+    """The stop ids come from the built tokenizer when there is one, else from the JSON:
+    both sources must name the same special tokens."""
+    from edgepack.runtime_shim.tokenizer import special_tokens
+
+    from_json = special_tokens(spec)
+    assert from_json[2] == "<|im_end|>" and len(from_json) > 2
+    for tok in both:
+        assert tok.special_tokens() == from_json
+
+
 def test_stream_decoder_holds_back_partial_utf8(both) -> None:
     hf, _ = both
     text = "naïve 🙂 漢字 done"

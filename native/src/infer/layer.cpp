@@ -18,6 +18,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,7 @@
 #include "../fp16.h"
 #include "bind_infer.h"
 #include "fallback.h"
+#include "layer_arena.h"
 #include "ops.h"
 
 namespace py = pybind11;
@@ -85,18 +87,28 @@ struct LayerArgs {
     int64_t max_rank = 0;  // 0: no adapter on this layer
 };
 
-// Bump allocator over a grow-only per-thread buffer (the layer runs on the caller thread).
+// A layer call's buffers: each slot at its offset in the planned arena (ctx.arena), or,
+// without one, in its own grow-only per-thread region (nothing shared, as with reuse off).
+// A slot is taken at most once per call, and never beyond the bytes its plan gives it.
 struct Arena {
-    std::vector<uint8_t>& buf;
-    size_t used = 0;
-    explicit Arena(std::vector<uint8_t>& b) : buf(b) {}
+    const ArenaPlan* plan = nullptr;
+    uint8_t* base = nullptr;
+    uint64_t taken = 0;
     template <class T>
-    T* get(int64_t n) {
-        const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) & ~size_t{63};
-        if (used + bytes > buf.size()) throw std::length_error("decoder_layer: scratch arena too small");
-        T* p = reinterpret_cast<T*>(buf.data() + used);
-        used += bytes;
-        return p;
+    T* get(int slot, int64_t n) {
+        const int64_t bytes = (n * static_cast<int64_t>(sizeof(T)) + kArenaAlign - 1) & ~(kArenaAlign - 1);
+        if (taken & (uint64_t{1} << slot)) throw std::logic_error("decoder_layer: arena slot " + slot_name(slot) + " taken twice");
+        taken |= uint64_t{1} << slot;
+        if (plan == nullptr) {
+            thread_local std::vector<uint8_t> own[kSlots];
+            if (own[slot].size() < static_cast<size_t>(bytes)) own[slot].resize(static_cast<size_t>(bytes));
+            return reinterpret_cast<T*>(own[slot].data());
+        }
+        if (bytes > plan->size[slot]) {
+            throw std::length_error("decoder_layer: the memory plan gives " + slot_name(slot) + " " +
+                                    std::to_string(plan->size[slot]) + " bytes, the layer needs " + std::to_string(bytes));
+        }
+        return reinterpret_cast<T*>(base + plan->offset[slot]);
     }
 };
 
@@ -119,6 +131,26 @@ struct Runner {
     };
     std::vector<Cached> cache;
 
+    // The linear apply() is running (its slots hold its dequantized and adapter inputs).
+    int cur = 0;
+    static constexpr int kDown = 6;
+    int lin_index(const Lin& l) const {
+        const Lin* all[kLinears] = {&a.q, &a.k, &a.v, &a.o, &a.gate, &a.up, &a.down};
+        for (int i = 0; i < kLinears; ++i) {
+            if (all[i] == &l) return i;
+        }
+        throw std::logic_error("decoder_layer: a linear outside the layer");
+    }
+
+    // Codes at `slot`; an adapter input dequantized from codes once at that address is stale
+    // (a planned slot reuses the bytes of buffers no longer live).
+    int8_t* codes(int slot, int64_t n) {
+        int8_t* q = ar.get<int8_t>(slot, n);
+        const auto at_q = [q](const std::pair<const int8_t*, const float*>& e) { return e.first == q; };
+        lora_inputs.erase(std::remove_if(lora_inputs.begin(), lora_inputs.end(), at_q), lora_inputs.end());
+        return q;
+    }
+
     // The input a weight takes: x itself, or x quantized with the weight's group (once).
     bool input_for(const Lin& l, const float* x, int64_t K, Act* out) {
         if (!(a.act && l.quantized)) {
@@ -132,8 +164,9 @@ struct Runner {
             }
         }
         const int64_t g = l.act_group;
-        int8_t* q = ar.get<int8_t>(a.T * K);
-        float* s = ar.get<float>(a.T * (K / g));
+        const int li = lin_index(l);
+        int8_t* q = codes(slot_of(li, LinSlot::in_q8), a.T * K);
+        float* s = ar.get<float>(slot_of(li, LinSlot::in_s), a.T * (K / g));
         const Result r = quant_act({x, K}, a.T, K, g, q, s);
         if (overflowed(r, s, a.T * (K / g))) return false;
         *out = Act{nullptr, q, s, g};
@@ -143,7 +176,7 @@ struct Runner {
 
     const float* as_float(const Act& in, int64_t K) {
         if (in.x != nullptr) return in.x;
-        float* x = ar.get<float>(a.T * K);  // QuantizedActivations.dequantize(): q * s
+        float* x = ar.get<float>(slot_of(cur, LinSlot::in_f), a.T * K);  // QuantizedActivations.dequantize(): q * s
         for (int64_t i = 0; i < a.T * K; ++i) {
             x[i] = static_cast<float>(in.q[i]) * in.s[(i / K) * (K / in.group) + (i % K) / in.group];
         }
@@ -151,6 +184,7 @@ struct Runner {
     }
 
     void apply(const Lin& l, const Act& in, float* y, const float* residual) {
+        cur = lin_index(l);
         GemmOut o;
         o.y = y;
         o.ldy = l.N;
@@ -191,7 +225,7 @@ struct Runner {
     // as the numpy chain does).
     void add_lora(const Lin& l, const Act& in, float* y) {
         const int64_t r = l.rank;
-        float* h = ar.get<float>(a.T * r);
+        float* h = ar.get<float>(slot_of(cur, LinSlot::lora_h), a.T * r);
         GemmOut mid;
         mid.y = h;
         mid.ldy = r;
@@ -212,7 +246,7 @@ struct Runner {
         for (const auto& e : lora_inputs) {
             if (e.first == in.q) return e.second;
         }
-        float* x = ar.get<float>(a.T * K);
+        float* x = ar.get<float>(slot_of(cur, LinSlot::lora_x), a.T * K);
         const int64_t G = K / in.group;
         for (int64_t t = 0; t < a.T; ++t) {
             for (int64_t g = 0; g < G; ++g) {
@@ -233,7 +267,7 @@ struct Runner {
             return;
         }
         const int64_t n = a.T * l.N;
-        float* p = ar.get<float>(n);
+        float* p = ar.get<float>(slot_of(&l == &a.o ? Slot::attn_post : Slot::ffn_post), n);
         apply(l, in, p, nullptr);
         rmsnorm({p, l.N}, post_norm, a.T, l.N, a.eps, p, l.N);
         for (int64_t i = 0; i < n; ++i) y[i] = x[i] + p[i];
@@ -248,22 +282,22 @@ struct Runner {
         // ---- attention
         Act ins[3];
         if (a.act && a.qkv_group > 0) {
-            int8_t* q = ar.get<int8_t>(T * H);
-            float* s = ar.get<float>(T * (H / a.qkv_group));
+            int8_t* q = codes(slot_of(Slot::attn_q8), T * H);
+            float* s = ar.get<float>(slot_of(Slot::attn_s), T * (H / a.qkv_group));
             const Result r = rmsnorm_quant({a.x, H}, a.attn_norm, T, H, a.eps, a.qkv_group, q, s);
             if (overflowed(r, s, T * (H / a.qkv_group))) return Fallback::attention_input;
             ins[0] = ins[1] = ins[2] = Act{nullptr, q, s, a.qkv_group};
         } else {
-            float* h = ar.get<float>(T * H);
+            float* h = ar.get<float>(slot_of(Slot::attn_h), T * H);
             rmsnorm({a.x, H}, a.attn_norm, T, H, a.eps, h, H);
             const Lin* l3[3] = {&a.q, &a.k, &a.v};
             for (int i = 0; i < 3; ++i) {
                 if (!input_for(*l3[i], h, H, &ins[i])) return Fallback::attention_input;
             }
         }
-        float* qb = ar.get<float>(T * QD);
-        float* kb = ar.get<float>(T * KD);
-        float* vb = ar.get<float>(T * KD);
+        float* qb = ar.get<float>(slot_of(Slot::q_out), T * QD);
+        float* kb = ar.get<float>(slot_of(Slot::k_out), T * KD);
+        float* vb = ar.get<float>(slot_of(Slot::v_out), T * KD);
         apply(a.q, ins[0], qb, nullptr);
         apply(a.k, ins[1], kb, nullptr);
         apply(a.v, ins[2], vb, nullptr);
@@ -273,7 +307,7 @@ struct Runner {
         }
         rope(qb, T, QD, a.nh, a.hd, a.hd, a.cos, a.sin);
         rope(kb, T, KD, a.nkv, a.hd, a.hd, a.cos, a.sin);
-        float* att = ar.get<float>(T * QD);
+        float* att = ar.get<float>(slot_of(Slot::att), T * QD);
         AttnArgs at;
         at.q = qb;
         at.qts = QD;
@@ -296,43 +330,43 @@ struct Runner {
         Act ao;
         cache.clear();
         if (!input_for(a.o, att, QD, &ao)) return Fallback::attention_output;
-        float* x1 = ar.get<float>(T * H);
+        float* x1 = ar.get<float>(slot_of(Slot::x1), T * H);
         project_add(a.o, ao, a.x, a.attn_post_norm, x1);
         // ---- FFN
         cache.clear();
         Act gi[2];
         if (a.act && a.gate_up_group > 0) {
-            int8_t* q = ar.get<int8_t>(T * H);
-            float* s = ar.get<float>(T * (H / a.gate_up_group));
+            int8_t* q = codes(slot_of(Slot::ffn_q8), T * H);
+            float* s = ar.get<float>(slot_of(Slot::ffn_s), T * (H / a.gate_up_group));
             const Result r = rmsnorm_quant({x1, H}, a.ffn_norm, T, H, a.eps, a.gate_up_group, q, s);
             if (overflowed(r, s, T * (H / a.gate_up_group))) return Fallback::ffn_input;
             gi[0] = gi[1] = Act{nullptr, q, s, a.gate_up_group};
         } else {
-            float* h = ar.get<float>(T * H);
+            float* h = ar.get<float>(slot_of(Slot::ffn_h), T * H);
             rmsnorm({x1, H}, a.ffn_norm, T, H, a.eps, h, H);
             if (!input_for(a.gate, h, H, &gi[0]) || !input_for(a.up, h, H, &gi[1])) {
                 return Fallback::ffn_input;
             }
         }
-        float* gb = ar.get<float>(T * F);
-        float* ub = ar.get<float>(T * F);
+        float* gb = ar.get<float>(slot_of(Slot::gate_out), T * F);
+        float* ub = ar.get<float>(slot_of(Slot::up_out), T * F);
         apply(a.gate, gi[0], gb, nullptr);
         apply(a.up, gi[1], ub, nullptr);
         Act di;
         if (a.act_kind != 0) {  // act(gate) * up in float, then quantized like any input
-            float* sb = ar.get<float>(T * F);
+            float* sb = ar.get<float>(slot_of(Slot::act_out), T * F);
             gated_act({gb, F}, {ub, F}, T, F, static_cast<GatedAct>(a.act_kind), sb, F);
             cache.clear();
             if (!input_for(a.down, sb, F, &di)) return Fallback::ffn_hidden;
         } else if (a.act && a.down.quantized) {
             const int64_t g = a.down.act_group;
-            int8_t* q = ar.get<int8_t>(T * F);
-            float* s = ar.get<float>(T * (F / g));
+            int8_t* q = codes(slot_of(kDown, LinSlot::in_q8), T * F);
+            float* s = ar.get<float>(slot_of(kDown, LinSlot::in_s), T * (F / g));
             const Result r = swiglu_quant({gb, F}, {ub, F}, T, F, g, q, s);
             if (overflowed(r, s, T * (F / g))) return Fallback::ffn_hidden;
             di = Act{nullptr, q, s, g};
         } else {
-            float* sb = ar.get<float>(T * F);
+            float* sb = ar.get<float>(slot_of(Slot::act_out), T * F);
             swiglu({gb, F}, {ub, F}, T, F, sb, F);
             di = Act{sb, nullptr, nullptr, 0};
         }
@@ -343,18 +377,6 @@ struct Runner {
         return Fallback::none;
     }
 };
-
-int64_t arena_bytes(const LayerArgs& a) {
-    const int64_t T = a.T, H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd, F = a.ffn;
-    const int64_t widest = std::max({H, QD, F});
-    // Generous: every buffer run() may take, each rounded up to 64 bytes.
-    const int64_t floats = T * (2 * H + 2 * QD + 2 * KD + 2 * H + 4 * F + 8 * widest) + 64 * 40;
-    const int64_t bytes8 = T * (4 * H + QD + F + 3 * widest) + 64 * 40;
-    const int64_t scales = T * (4 * H + QD + F + 3 * widest) + 64 * 40;  // group >= 1
-    // an adapter: per adapted weight its float input (int8 path) and the rank-sized product
-    const int64_t lora = a.max_rank > 0 ? 7 * (T * (widest + a.max_rank) + 64 * 2) : 0;
-    return (floats + lora) * 4 + bytes8 + scales * 4;
-}
 
 // ---- Python side: read the runtime's objects ------------------------------------------
 
@@ -690,16 +712,20 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
     bind_lora(get_or_none(ctx, "lora"), a, keep);
 
+    const LayerArena* arena = nullptr;  // ctx.arena: the model's planned buffer (None: unplanned)
+    const py::object arena_o = get_opt(ctx, "arena");
+    if (!arena_o.is_none()) arena = &arena_o.cast<const LayerArena&>();
+    const ArenaPlan* plan = arena != nullptr ? arena->plan_for(a.T) : nullptr;
+    if (arena != nullptr && plan == nullptr) {
+        bad("ctx.arena is planned for at most " + std::to_string(arena->max_tokens()) + " tokens, not " + std::to_string(a.T));
+    }
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
     Fallback reason = Fallback::none;
     Result kv_error;
     {
         py::gil_scoped_release nogil;
-        thread_local std::vector<uint8_t> buf;
-        const size_t need = static_cast<size_t>(arena_bytes(a));
-        if (buf.size() < need) buf.resize(need);
-        Arena ar(buf);
+        Arena ar{plan, plan != nullptr ? arena->base() : nullptr};
         Runner r{a, ar, {}, {}, {}};
         reason = r.run();
         kv_error = r.kv_error;
@@ -716,7 +742,8 @@ void bind_layer(py::module_& m) {
     py::dict reasons;
     for (const Fallback f : kFallbacks) reasons[py::int_(static_cast<int32_t>(f))] = fallback_reason(f);
     m.attr("FALLBACK_REASONS") = reasons;
-    m.attr("DECODER_LAYER_LORA") = true;  // reads ctx.lora (runtime_shim.adapters.LayerLora)
+    m.attr("DECODER_LAYER_LORA") = true;
+    bind_layer_arena(m);  // reads ctx.lora (runtime_shim.adapters.LayerLora)
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");
