@@ -9,9 +9,10 @@ machine's measured memory bandwidth.
 
 ``--lookup`` instead measures prompt-lookup decoding on an input-grounded task: the
 instruct model rewrites paragraphs of the evaluation text (``pydoc_data`` topics, sorted
-keys ``[40:]``), greedy, plain and ``lookup="auto"`` in turn per run; it prints decode
-tok/s of both, the speedup, drafted/accepted tokens and whether the outputs were
-identical (they must be).
+keys ``[40:]``), greedy, each paragraph plain and with ``lookup="auto"`` back to back;
+it prints decode tok/s of both, the speedup (median and spread of the runs' ratios),
+drafted/accepted tokens, whether the outputs were identical (they must be) and the
+load average.
 
 Packages not given are converted from the sample model once (``$EDGEPACK_CACHE``,
 ``bench-runtime/``). Without ``--llama-bench`` the llama.cpp column shows the figures
@@ -116,58 +117,71 @@ def _generate_timed(model, prompt: list[int], max_tokens: int, lookup) -> tuple[
 
 
 def lookup_bench(args: argparse.Namespace, pkgs: dict[str, Path]) -> int:
-    """Plain vs prompt-lookup greedy decoding, side by side, on rewriting paragraphs."""
+    """Plain vs prompt-lookup greedy decoding, side by side, on rewriting paragraphs.
+
+    Each paragraph is decoded plainly and with lookup back to back (the order swapped
+    every run), so both see the same machine state; a run's speedup is its lookup rate
+    over its plain rate, and the figure printed is the median over the runs."""
     from edgepack import runtime_shim as rt
 
     paragraphs = _paragraphs(args.paragraphs)
     kernels = args.kernels.split(",")[-1]
+    load0 = os.getloadavg()
     rows = []
     for key, path in pkgs.items():
         model = rt.open(path, threads=args.threads, kernels=kernels)
         prompts = [_rewrite_prompt(model, p) for p in paragraphs]
         for prompt in prompts:  # warm-up: page the weights in, time the pass sizes
             _generate_timed(model, prompt, 16, "auto")
-        got: dict[str, list[float]] = {"plain": [], "lookup": []}
-        identical, drafted, accepted, tokens = True, 0, 0, 0
-        for _ in range(args.runs):
-            for which, mode in (("plain", False), ("lookup", "auto")):
-                steps = seconds = 0.0
-                outs = []
-                for prompt in prompts:
+        rates: dict[str, list[float]] = {"plain": [], "lookup": []}
+        identical, drafted, accepted = True, 0, 0
+        for run in range(args.runs):
+            steps = {"plain": 0.0, "lookup": 0.0}
+            seconds = {"plain": 0.0, "lookup": 0.0}
+            order = (("plain", False), ("lookup", "auto"))
+            for prompt in prompts:
+                outs = {}
+                for which, mode in order if run % 2 == 0 else order[::-1]:
                     ids, st = _generate_timed(model, prompt, args.max_tokens, mode)
-                    outs.append(ids)
-                    steps += max(st.generated_tokens - 1, 0)
-                    seconds += st.decode_seconds
+                    outs[which] = ids
+                    steps[which] += max(st.generated_tokens - 1, 0)
+                    seconds[which] += st.decode_seconds
                     if which == "lookup":
                         drafted += st.drafted_tokens
                         accepted += st.accepted_tokens
-                    else:
-                        tokens += st.generated_tokens
-                got[which].append(steps / seconds)
-                if which == "plain":
-                    plain_outs = outs
-                else:
-                    identical &= outs == plain_outs
-        plain, look = (statistics.median(got[w]) for w in ("plain", "lookup"))
-        rows.append((key, model.kernel_path, plain, look, drafted, accepted, tokens, identical))
+                identical &= outs["plain"] == outs["lookup"]
+            for which in rates:
+                rates[which].append(steps[which] / seconds[which])
+        pairs = zip(rates["plain"], rates["lookup"], strict=True)
+        speedups = [look / plain for plain, look in pairs]
+        plain, look = (statistics.median(rates[w]) for w in ("plain", "lookup"))
+        rows.append((key, model.kernel_path, plain, look, speedups, drafted, accepted, identical))
         model.close()
+    load1 = os.getloadavg()
     print(
         f"SmolLM2-135M-Instruct, prompt-lookup decoding: rewrite {len(paragraphs)} paragraphs "
         f"of the evaluation text, greedy, {args.max_tokens} tokens max, {args.threads} threads, "
-        f"median of {args.runs} runs (decode tok/s over all paragraphs)\n"
+        f"{args.runs} runs, each paragraph plain and lookup back to back (decode tok/s over "
+        f"all paragraphs: medians; speedup: median of the runs' ratios, min-max)"
     )
+    print(f"load average (1, 5, 15 min): {_load(load0)} at start, {_load(load1)} at end\n")
     print(
         f"{'package':<8} {'plain tok/s':>12} {'lookup tok/s':>13} {'speedup':>8} "
-        f"{'accepted/drafted':>17} {'identical':>10}"
+        f"{'min-max':>11} {'accepted/drafted':>17} {'identical':>10}"
     )
-    for key, _path, plain, look, drafted, accepted, _tokens, identical in rows:
+    for key, _path, plain, look, speedups, drafted, accepted, identical in rows:
+        spread = f"{min(speedups):.2f}-{max(speedups):.2f}"
         print(
-            f"{key:<8} {plain:>12.1f} {look:>13.1f} {look / plain:>7.2f}x "
-            f"{f'{accepted}/{drafted}':>17} {'yes' if identical else 'NO':>10}"
+            f"{key:<8} {plain:>12.1f} {look:>13.1f} {statistics.median(speedups):>7.2f}x "
+            f"{spread:>11} {f'{accepted}/{drafted}':>17} {'yes' if identical else 'NO':>10}"
         )
     for key, path, *_ in rows:
         print(f"{key}: {path}")
     return 0 if all(r[-1] for r in rows) else 1
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return " ".join(f"{a:.2f}" for a in avg)
 
 
 def measure_bandwidth(threads: int, size: int = 512 << 20, runs: int = 5) -> float:

@@ -14,16 +14,23 @@ backend where it runs attention on numpy (a KV layout it lacks), so ``"auto"`` d
 only where :func:`batch_invariant` found the model's own passes so, by trying them once.
 Sampling runs plain (this is no speculative-sampling implementation).
 
+Drafts are also looked up in the prompt re-flowed (:func:`reflowed`): a rewrite copies
+the words of hard-wrapped text, not its line breaks or double spaces, and a copy that
+continues past a source line break is then still found.
+
 Whether to draft, and how many tokens, is :class:`LookupPolicy`'s call: it compares the
 expected tokens per verify pass (from the measured acceptance rate) against the
 measured cost of a pass of that size relative to one decode step, and drafts nothing
-when no draft length would be faster. Acceptance keeps being measured while it is off
+when no draft length would be faster. Acceptance by match length, like the pass costs,
+is a property of the model and the kind of text: both are kept per model, so a call
+starts from what earlier calls measured. Acceptance keeps being measured while it is off
 (the draft is still looked up and compared with what plain decoding produced, at no
 model cost), so it switches itself back on when the text starts copying again.
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +38,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import KVCacheFullError
+from .errors import KVCacheFullError, TokenizerUnavailableError
 
 if TYPE_CHECKING:
     from .model import Model
+    from .tokenizer import Tokenizer
 
 __all__ = [
     "LOOKUP_MODES",
@@ -42,9 +50,12 @@ __all__ = [
     "LookupDecoder",
     "LookupPolicy",
     "PassCosts",
+    "acceptance_counts",
     "batch_invariant",
+    "draft_sources",
     "lookup_mode",
     "pass_costs",
+    "reflowed",
 ]
 
 LOOKUP_MODES = (True, False, "auto")
@@ -59,6 +70,9 @@ def lookup_mode(value: object) -> bool | str:
 
 _INVARIANT: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
 _COSTS: weakref.WeakKeyDictionary[Model, PassCosts] = weakref.WeakKeyDictionary()
+_ACCEPTANCE: weakref.WeakKeyDictionary[Model, dict[int, tuple[float, float]]] = (
+    weakref.WeakKeyDictionary()
+)
 _PROBE = (4, 4)  # tokens prefilled, then decoded one by one vs in one pass
 
 
@@ -137,6 +151,31 @@ class DraftIndex:
         return [], 0
 
 
+# a line break between two words, with the spaces around it; two or more spaces between words
+_LINE_BREAK = re.compile(r"(?<=\S)[ \t]*\n[ \t]*(?=\S)")
+_SPACES = re.compile(r"(?<=\S) {2,}(?=\S)")
+
+
+def reflowed(tokenizer: Tokenizer, ids: Sequence[int]) -> list[int]:
+    """``ids`` as text with every single line break and run of spaces between two words
+    made one space, tokenized again (paragraph breaks stay); ``[]`` when that changes
+    nothing. A draft source only: the model never sees these tokens."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    flowed = _SPACES.sub(" ", _LINE_BREAK.sub(" ", text))
+    return [] if flowed == text else tokenizer.encode(flowed, add_special_tokens=False)
+
+
+def draft_sources(model: Model, ids: Sequence[int]) -> list[list[int]]:
+    """The draft sources besides the context for prompt ``ids``: it :func:`reflowed`
+    (none when the package has no tokenizer)."""
+    try:
+        tokenizer = model.tokenizer
+    except TokenizerUnavailableError:
+        return []
+    flowed = reflowed(tokenizer, ids)
+    return [flowed] if flowed else []
+
+
 @dataclass
 class PassCosts:
     """Measured seconds of a forward pass by its token count (moving averages).
@@ -178,6 +217,15 @@ def pass_costs(model: Model) -> PassCosts:
     return costs
 
 
+def acceptance_counts(model: Model) -> dict[int, tuple[float, float]]:
+    """The draft acceptance measured on ``model`` so far (:class:`LookupPolicy`'s
+    ``counts``), shared by its sessions and calls."""
+    counts = _ACCEPTANCE.get(model)
+    if counts is None:
+        counts = _ACCEPTANCE[model] = {}
+    return counts
+
+
 @dataclass
 class LookupPolicy:
     """How many tokens to draft: the ``k`` in ``0..max_draft`` with the most expected
@@ -189,7 +237,8 @@ class LookupPolicy:
     up to and including the first rejected one), starting from ``prior_accepted`` of
     ``prior_trials``, kept per length of the matched suffix (a 3-gram match predicts
     far better than a single token) and over all (for lengths not seen yet).
-    ``always``: draft ``max_draft`` tokens whatever it costs."""
+    ``always``: draft ``max_draft`` tokens whatever it costs. ``counts``: the table to
+    keep them in (:func:`acceptance_counts` shares one per model; default a new one)."""
 
     max_draft: int = 8
     always: bool = False
@@ -198,12 +247,14 @@ class LookupPolicy:
     prior_accepted: float = 1.0
     prior_trials: float = 2.0
     costs: PassCosts = field(default_factory=PassCosts)
+    counts: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         # match length (0: all) -> decayed accepted, trials
-        self._counts: dict[int, tuple[float, float]] = {0: (self.prior_accepted, self.prior_trials)}
+        self._counts = self.counts
+        self._counts.setdefault(0, (self.prior_accepted, self.prior_trials))
 
     def acceptance(self, matched: int = 0) -> float:
         """Estimated chance that a draft token is right, after a ``matched``-token match."""
@@ -255,18 +306,21 @@ class LookupDecoder:
     """The session's side of lookup decoding: the context index, the policy, and the
     free ("shadow") acceptance measurement while the policy drafts nothing. ``exact``
     is asked the first time a draft is wanted (not before: it may cost model passes);
-    False switches lookup off for good (:attr:`off`)."""
+    False switches lookup off for good (:attr:`off`). ``sources``: more token sequences
+    to draft from (the prompt :func:`reflowed`), indexed before the context so that of
+    two equally long matches the context's wins."""
 
     def __init__(
         self,
         policy: LookupPolicy,
         context: Sequence[int],
         exact: Callable[[], bool] | None = None,
+        sources: Iterable[Sequence[int]] = (),
     ) -> None:
         self.policy = policy
         self._exact = exact
         self.off = False
-        self.index = DraftIndex(context)
+        self.index = DraftIndex([*(t for src in sources for t in src), *context])
         self.stats = LookupStats()
         self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
         self._shadow_hits = 0

@@ -20,7 +20,15 @@ import numpy as np
 
 from .chat import render_chat
 from .errors import InvalidRequestError, KVCacheFullError
-from .lookup import LookupDecoder, LookupPolicy, batch_invariant, lookup_mode, pass_costs
+from .lookup import (
+    LookupDecoder,
+    LookupPolicy,
+    acceptance_counts,
+    batch_invariant,
+    draft_sources,
+    lookup_mode,
+    pass_costs,
+)
 from .prefix_cache import NO_ADAPTER
 from .sampling import Sampler, SamplingParams
 from .stats import ForwardStats, GenerationStats
@@ -285,9 +293,11 @@ class Session:
         lk = None
         greedy = lookup is not False and params.temperature == 0.0
         if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
-            policy = LookupPolicy(always=lookup is True, costs=pass_costs(model))
+            policy = LookupPolicy(
+                always=lookup is True, costs=pass_costs(model), counts=acceptance_counts(model)
+            )
             exact = None if lookup is True else partial(batch_invariant, model)
-            lk = LookupDecoder(policy, ids, exact)
+            lk = LookupDecoder(policy, ids, exact, sources=draft_sources(model, ids))
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:

@@ -418,8 +418,9 @@ def test_matmul_q8_residual_bias_out(enc: str) -> None:
 
 
 @pytest.mark.parametrize("enc", ["int8", "int4_sym", "int4_asym"])
-def test_gemm_rows_equal_gemv(enc: str) -> None:
-    N, K, T = 45, 1536, 11
+@pytest.mark.parametrize("T", [5, 6, 7, 8, 9, 11, 16, 17])  # 5-16: lookup verify tiles
+def test_gemm_rows_equal_gemv(enc: str, T: int) -> None:
+    N, K = 45, 1536
     gw = 32 if enc != "int8" else 0
     codes, scales, zeros = make_weight(enc, N, K, 32)
     w = k.Weight(codes, scales, zeros, enc, gw)

@@ -12,7 +12,12 @@ import pytest
 from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
 
 import edgepack.runtime_shim as rt
-from edgepack.runtime_shim.lookup import DraftIndex, batch_invariant, pass_costs
+from edgepack.runtime_shim.lookup import (
+    DraftIndex,
+    acceptance_counts,
+    batch_invariant,
+    pass_costs,
+)
 
 ENCODINGS = ("f32", "int8", "int4-g32")
 
@@ -248,6 +253,21 @@ def test_pass_costs_are_measured_once_per_model(tiny) -> None:
         assert pass_costs(m) is costs  # the next session starts from them
         with _open(tiny["int8"]) as other:
             assert pass_costs(other) is not costs
+
+
+def test_acceptance_is_measured_once_per_model(tiny) -> None:
+    with _open(tiny["int8"]) as m:
+        counts = acceptance_counts(m)
+        assert not counts
+        _, s = _run(m, _prompts()[0], True)
+        assert s.stats.drafted_tokens > 0
+        trials = sum(t for _, t in counts.values())
+        assert trials > 0  # the prior plus what the call compared
+        _run(m, _prompts()[1], True)
+        assert acceptance_counts(m) is counts  # the next call starts from them
+        assert sum(t for _, t in counts.values()) != trials
+        with _open(tiny["int8"]) as other:
+            assert acceptance_counts(other) is not counts
 
 
 def test_a_full_kv_cache_on_a_draft_pass_falls_back_to_plain(tiny, monkeypatch) -> None:

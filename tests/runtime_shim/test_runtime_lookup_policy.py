@@ -11,6 +11,7 @@ from edgepack.runtime_shim.lookup import (
     LookupPolicy,
     PassCosts,
     lookup_mode,
+    reflowed,
 )
 
 
@@ -60,6 +61,37 @@ def test_lookup_mode_accepts_only_the_three_modes() -> None:
     for bad in ("on", 1, None):
         with pytest.raises(ValueError):
             lookup_mode(bad)
+
+
+class _CharTokenizer:
+    """One token per character (its code point)."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(map(chr, ids))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_reflowed_makes_line_breaks_and_double_spaces_between_words_one_space() -> None:
+    tok = _CharTokenizer()
+    text = "A name is\nbound  here.  Then\n  used.\n\nNext paragraph\n"
+    want = "A name is bound here. Then used.\n\nNext paragraph\n"
+    assert reflowed(tok, tok.encode(text)) == tok.encode(want)
+    assert reflowed(tok, tok.encode(want)) == []  # nothing to re-flow
+
+
+def test_a_source_drafts_what_the_context_has_after_a_line_break() -> None:
+    # the context wrapped "1 2 | 3 4 5" as 1 2 <newline> 13 4 5 (13: "3" starting a line);
+    # the text so far went on "1 2 3" as the re-flowed source has it
+    context = [7, 1, 2, 10, 13, 4, 5, 9, 1, 2, 3]
+    flowed = [7, 1, 2, 3, 4, 5, 9]
+    assert LookupDecoder(LookupPolicy(always=True), context).propose(3) == []
+    dec = LookupDecoder(LookupPolicy(always=True), context, sources=[flowed])
+    assert dec.propose(3) == [4, 5, 9]
+    # of two equally long matches the context's (more recent) wins
+    dec = LookupDecoder(LookupPolicy(always=True), [1, 2, 8, 1, 2], sources=[[1, 2, 6]])
+    assert dec.propose(1) == [8]
 
 
 # -- costs -------------------------------------------------------------------------------
@@ -166,6 +198,15 @@ def test_falling_acceptance_switches_off_and_rising_switches_back_on() -> None:
     for _ in range(60):
         p.record_acceptance(4, 4)
     assert p.draft_length() > 0
+
+
+def test_policies_given_one_table_share_what_they_measured() -> None:
+    shared: dict[int, tuple[float, float]] = {}
+    first = LookupPolicy(prior_accepted=0.0, prior_trials=0.0, decay=1.0, counts=shared)
+    first.record_acceptance(drafted=4, accepted=4, matched=3)
+    later = LookupPolicy(prior_accepted=0.0, prior_trials=0.0, decay=1.0, counts=shared)
+    assert later.acceptance(3) == 1.0
+    assert LookupPolicy(prior_accepted=0.0, prior_trials=1.0).acceptance(3) == 0.0  # own table
 
 
 # -- decoder -----------------------------------------------------------------------------

@@ -124,6 +124,37 @@ inline void tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
     }
 }
 
+// tile_loop for the int8-activation GEMMs at 5 to 16 tokens (prompt lookup's verify
+// passes): one or two tiles of 4 to 8 tokens x NRS rows, each weight vector loaded once
+// per tile, never a 1-3 token tail that loads the weights again (the 1-token tail of a
+// 5- or 9-token pass cost almost as much as a whole decode step's GEMMs).  Same
+// arithmetic per output element as any other tile shape.
+template <int NRS, int NR4, int NR1, class F>
+inline void q8_tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
+    using std::integral_constant;
+    if (T < 5 || T > 16) return tile_loop<NR4, NR1>(T, n0, n1, f);
+    auto rows = [&](auto tr, int64_t t0, int64_t nb, int64_t ne) {
+        int64_t n = nb;
+        for (; n + NRS <= ne; n += NRS) f(tr, integral_constant<int, NRS>(), t0, n);
+        for (; n < ne; ++n) f(tr, integral_constant<int, 1>(), t0, n);
+    };
+    auto tile = [&](int64_t t0, int64_t nt, int64_t nb, int64_t ne) {
+        switch (nt) {
+            case 4: rows(integral_constant<int, 4>(), t0, nb, ne); break;
+            case 5: rows(integral_constant<int, 5>(), t0, nb, ne); break;
+            case 6: rows(integral_constant<int, 6>(), t0, nb, ne); break;
+            case 7: rows(integral_constant<int, 7>(), t0, nb, ne); break;
+            default: rows(integral_constant<int, 8>(), t0, nb, ne); break;
+        }
+    };
+    const int64_t first = T <= 8 ? T : (T + 1) / 2;
+    for (int64_t nb = n0; nb < n1; nb += 16) {
+        const int64_t ne = nb + 16 < n1 ? nb + 16 : n1;
+        tile(0, first, nb, ne);
+        if (first < T) tile(first, T - first, nb, ne);
+    }
+}
+
 inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 
 // Software prefetch distance of the GEMV/GEMM weight streams, in row tiles. A decode step
@@ -268,7 +299,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 
 template <bool ASYM, bool GROUPED>
 void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
+    q8_tile_loop<2, 2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
         i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED>(w, x, t0, n, out);
     });
 }
@@ -367,7 +398,7 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 
 template <bool GROUPED>
 void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    tile_loop<2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
+    q8_tile_loop<2, 2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
         i8_kernel<decltype(tr)::value, decltype(nr)::value, GROUPED>(w, x, t0, n, out);
     });
 }
