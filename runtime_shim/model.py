@@ -182,6 +182,9 @@ class Model:
         self.kv_pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_config, salt=salt)
         self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs), cfg.rope_attention_scaling)
         self.inject_overflow_layers: set[int] = _inject_layers(cfg.num_layers)
+        # the kernels' one-call forward (decoder_stack) where they have one; False: layer by
+        # layer through decoder_layer, the reference it must match
+        self.one_call = True
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()
         self._tokenizer = None
@@ -366,11 +369,12 @@ class Model:
             forced = None
             if teacher is not None:
                 forced = {k: v[c0 : c0 + len(chunk)] for k, v in teacher.items()}
-            x = self._forward_chunk(seq, chunk, stats, collect, forced, adapter)
+            head = logits == "last" and last_chunk
+            x, last = self._forward_chunk(seq, chunk, stats, collect, forced, adapter, head)
             if logits == "all":
                 outs.append(self._head(x, stats))
-            elif logits == "last" and last_chunk:
-                return self._head(x[-1:], stats)[0]
+            elif head:
+                return self._head(x[-1:], stats, last)[0]
         if logits == "all":
             return np.concatenate(outs) if len(outs) > 1 else outs[0]
         return None
@@ -383,7 +387,10 @@ class Model:
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None = None,
         adapter: ActiveAdapter | None = None,
-    ) -> np.ndarray:
+        head: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The chunk's final-normed hidden states and, when the kernels' one-call forward
+        ran it all and ``head`` asks for it, the head's logits of its last row."""
         cfg, k = self.config, self.kernels
         start = seq.length
         seq.prepare(chunk)
@@ -397,10 +404,9 @@ class Model:
         if collect is not None:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
-        for lw in self.weights.layers:
-            if teacher is not None:
-                x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
-            ctx = LayerContext(
+        layers = self.weights.layers
+        ctxs = [
+            LayerContext(
                 num_heads=cfg.num_heads,
                 num_kv_heads=cfg.num_kv_heads,
                 head_dim=cfg.head_dim,
@@ -419,6 +425,18 @@ class Model:
                 attn_softcap=cfg.attn_softcap,
                 lora=None if adapter is None else adapter.layers[lw.index],
             )
+            for lw in layers
+        ]
+        done, last = 0, None
+        stack = getattr(k, "decoder_stack", None)  # kernels without it run layer by layer
+        if stack is not None and self.one_call and teacher is None and collect is None:
+            out = self.weights.output if head else None
+            res = stack(layers, x, ctxs, self.weights.norm, cfg.rms_norm_eps, out)
+            if res is not None:
+                x, done, last = res
+        for lw, ctx in zip(layers[done:], ctxs[done:], strict=True):
+            if teacher is not None:
+                x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
                 stats.record_fallback(lw.index, res.fallback.value)
@@ -437,14 +455,18 @@ class Model:
             if collect is not None:
                 collect.setdefault(f"layers.{lw.index}", []).append(x)
         seq.commit()
-        x = k.rmsnorm(x, self.weights.norm, cfg.rms_norm_eps)
+        if done < len(layers):  # else the one-call forward normed it
+            x = k.rmsnorm(x, self.weights.norm, cfg.rms_norm_eps)
         if collect is not None:
             collect.setdefault("norm", []).append(x)
-        return x
+        return x, last
 
-    def _head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
-        """Logits from final-normed hidden states ``x: [T, hidden]``."""
-        logits = self._project_head(x, stats)
+    def _head(
+        self, x: np.ndarray, stats: ForwardStats, projected: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Logits from final-normed hidden states ``x: [T, hidden]`` (``projected``: the
+        head's output for them, already computed)."""
+        logits = self._project_head(x, stats) if projected is None else projected
         cap = self.config.final_softcap
         if cap is not None:  # gemma2: cap * tanh(logits / cap), in float32
             logits /= np.float32(cap)

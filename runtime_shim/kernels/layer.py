@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import NumericError
 from ..weights import LayerWeights, Linear
 from .fallback import Fallback
-from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations
+from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations, StackResult
 
 if TYPE_CHECKING:
     from ..adapters import LayerLora
@@ -59,6 +59,19 @@ class CompositeLayer:
         if act == "silu":
             return k.swiglu_quantize(gate, up, group)
         return k.quantize_activations(k.gated_activation(gate, up, act), group)
+
+    def decoder_stack(
+        self,
+        layers: Sequence[LayerWeights],
+        x: np.ndarray,
+        ctxs: Sequence[LayerContext],
+        norm: np.ndarray,
+        eps: float,
+        head: Linear | None,
+    ) -> StackResult | None:
+        """Every layer, the final norm and the head in one call, where a backend has it;
+        None: the caller runs ``decoder_layer`` layer by layer (the reference)."""
+        return None
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
         k: Any = self

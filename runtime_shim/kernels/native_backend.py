@@ -21,6 +21,7 @@ from .interface import (
     LayerContext,
     LayerResult,
     QuantizedActivations,
+    StackResult,
 )
 from .layer import CompositeLayer
 from .numpy_backend import NumpyKernels
@@ -75,6 +76,7 @@ class NativeKernels(CompositeLayer):
         self.isa = isa
         self._fused_layer = hasattr(module, "decoder_layer")
         self._fused_lora = bool(getattr(module, "DECODER_LAYER_LORA", False))
+        self._fused_stack = hasattr(module, "decoder_stack")
         self._warned: set[str] = set()
         self.partial_matmul = False  # some weights could not be bound natively
 
@@ -259,24 +261,47 @@ class NativeKernels(CompositeLayer):
         layout is the native kernels' and the layer needs nothing they lack
         (:class:`NativeGap`, logged once each); else the shared chain (:mod:`.layer`) over
         this backend's ops."""
-        if (
+        if self._whole_layer(lw, ctx):
+            out, reason = self.mod.decoder_layer(lw, x, ctx)
+            if reason != Fallback.KV_LAYOUT.value:
+                return LayerResult(out, None if reason is None else Fallback(reason))
+            self._kv_on_numpy(ctx.kv)
+        return super().decoder_layer(lw, x, ctx)
+
+    def _whole_layer(self, lw: LayerWeights, ctx: LayerContext) -> bool:
+        """The extension's whole layer can take this call (see :meth:`decoder_layer`)."""
+        if not (
             not ctx.inject_overflow
             and self._fused_layer
             and self._native_kv(ctx.kv)
             and all(_bound(lin) for lin in lw.linears)
         ):
-            gap = _native_gap(lw, ctx)
-            if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
-                gap = NativeGap.ADAPTER
-            if gap is None:
-                out, reason = self.mod.decoder_layer(lw, x, ctx)
-                if reason != Fallback.KV_LAYOUT.value:
-                    return LayerResult(out, None if reason is None else Fallback(reason))
-                self._kv_on_numpy(ctx.kv)
-            elif gap not in self._warned:
-                self._warned.add(gap)
-                _log.info("native whole layer not used: %s", gap)
-        return super().decoder_layer(lw, x, ctx)
+            return False
+        gap = _native_gap(lw, ctx)
+        if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
+            gap = NativeGap.ADAPTER
+        if gap is not None and gap not in self._warned:
+            self._warned.add(gap)
+            _log.info("native whole layer not used: %s", gap)
+        return gap is None
+
+    def decoder_stack(
+        self,
+        layers: Sequence[LayerWeights],
+        x: np.ndarray,
+        ctxs: Sequence[LayerContext],
+        norm: np.ndarray,
+        eps: float,
+        head: Linear | None,
+    ) -> StackResult | None:
+        """The extension's one-call forward (every layer, final norm, head of the last
+        row, the GIL released once) when every layer would take its whole layer; a layer
+        that asks for a fallback ends it there and the caller's chain goes on from it."""
+        if not self._fused_stack or not all(map(self._whole_layer, layers, ctxs)):
+            return None
+        bound_head = head if head is not None and _bound(head) else None
+        out, done, _reason, logits = self.mod.decoder_stack(layers, x, ctxs, norm, eps, bound_head)
+        return StackResult(out, done, logits)
 
     def _native_kv(self, kv: LayerKV) -> bool:
         """The native attention implements this layer's KV layout (V groups of 8k)."""

@@ -18,6 +18,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -503,9 +504,10 @@ int64_t group_attr(const py::object& lw, const char* name, int64_t H) {
     return v;
 }
 
-py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::object& ctx) {
-    std::vector<py::object> keep;
-    LayerArgs a;
+// The call's arguments read and validated from the runtime's objects into `a` (`keep` holds
+// every array `a` points into), or why the native layer cannot take the call (kv_layout).
+Fallback parse_layer(const py::object& lw, const py::object& x_in, const py::object& ctx, LayerArgs& a,
+                     std::vector<py::object>& keep) {
     if (!py::isinstance<py::array>(x_in)) throw py::type_error("decoder_layer: x must be a numpy array");
     py::array x = py::reinterpret_borrow<py::array>(x_in);
     if (!is_f32(x)) throw py::type_error("decoder_layer: x must be float32");
@@ -554,7 +556,7 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     if (mode != "float") {
         const int64_t g = get(kvo, "v_group").cast<int64_t>();
         if (!(v5 || v6 || mode == "int8-legacy") || g < 8 || g % 8 != 0 || a.hd % g != 0) {
-            return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
+            return Fallback::kv_layout;
         }
     }
     const py::object layout = get_opt(kvo, "layout");
@@ -563,6 +565,7 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
                                  get(ctx, "block_table"), a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
                                  v5 ? get(kvo, "v_mins") : py::none(), rotate);
     a.kv = kvh.kv;
+    keep.insert(keep.end(), kvh.keep.begin(), kvh.keep.end());
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
     // weights
     const int64_t H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd;
@@ -617,7 +620,15 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");
     if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
     bind_lora(get_or_none(ctx, "lora"), a, keep);
+    return Fallback::none;
+}
 
+py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::object& ctx) {
+    std::vector<py::object> keep;
+    LayerArgs a;
+    const Fallback unsupported = parse_layer(lw, x_in, ctx, a, keep);
+    if (unsupported != Fallback::none) return py::make_tuple(py::none(), fallback_reason(unsupported));
+    const int64_t H = a.hidden;
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
     Fallback reason = Fallback::none;
@@ -638,6 +649,103 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     return py::make_tuple(py::none(), fallback_reason(reason));
 }
 
+// ---- the whole forward in one call ----------------------------------------------------
+
+// One parsed layer on the pool (call without the GIL): its arena and Runner, as
+// decoder_layer runs it.
+Fallback run_layer(const LayerArgs& a, Result& kv_error) {
+    thread_local std::vector<uint8_t> buf;
+    const size_t need = static_cast<size_t>(arena_bytes(a));
+    if (buf.size() < need) buf.resize(need);
+    Arena ar(buf);
+    Runner r{a, ar, {}, {}, {}};
+    const Fallback reason = r.run();
+    kv_error = r.kv_error;
+    return reason;
+}
+
+// logits [1, N] = head(x) of one final-normed row, as the runtime's own head computes it
+// (int8 activations in the head's group when `act`); false when that quantization
+// overflows (the caller's head records the fallback and runs on float activations).
+bool run_head(const Lin& head, bool act, const float* x, float* logits) {
+    LayerArgs h;
+    h.T = 1;
+    h.act = act;
+    thread_local std::vector<uint8_t> buf;
+    const size_t need = static_cast<size_t>(head.K) * 12 + 64 * 8;
+    if (buf.size() < need) buf.resize(need);
+    Arena ar(buf);
+    Runner r{h, ar, {}, {}, {}};
+    Act in;
+    if (!r.input_for(head, x, head.K, &in)) return false;
+    r.apply(head, in, logits, nullptr);
+    return true;
+}
+
+// decoder_stack(layers, x, ctxs, norm, eps, head) -> (x, done, reason, logits): layers[i]
+// with ctxs[i], each on the previous one's output, then the final RMSNorm and the head of
+// the last row, in one call that holds the GIL only to read its arguments.  done ==
+// len(layers): x is the final-normed hidden state [T, hidden] and logits the head's [1, N]
+// (None without a head or when its input overflows int8).  done < len(layers): layer
+// `done` gave `reason` (or cannot run natively: kv_layout) and x is that layer's input;
+// the caller runs the rest itself (runtime_shim's per-layer chain is the reference).
+py::tuple decoder_stack(const py::sequence& lws, const py::object& x_in, const py::sequence& ctxs,
+                        const py::object& norm, double eps, const py::object& head) {
+    const int64_t n = static_cast<int64_t>(py::len(lws));
+    if (n < 1 || static_cast<int64_t>(py::len(ctxs)) != n) bad("decoder_stack needs as many ctxs as layers (>= 1)");
+    if (!(eps >= 0.0) || !std::isfinite(eps)) bad("eps must be finite and >= 0");
+    std::vector<py::object> keep;
+    std::vector<LayerArgs> args(static_cast<size_t>(n));
+    int64_t parsed = 0;
+    Fallback reason = Fallback::none;
+    for (; parsed < n && reason == Fallback::none; ++parsed) {
+        reason = parse_layer(lws[parsed], x_in, ctxs[parsed], args[parsed], keep);
+    }
+    if (reason != Fallback::none) --parsed;  // the layer that cannot run natively
+    if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
+    const int64_t T = args[0].T, H = args[0].hidden;
+    const float* normw = f32_vec(norm, H, "norm", keep);
+    Lin hl;
+    const bool with_head = !head.is_none();
+    if (with_head) {
+        const int64_t rows = get(head, "rows").cast<int64_t>();
+        if (rows < 1) bad("head.rows must be >= 1");
+        hl = linear_of(head, "head", rows, H, keep);
+    }
+    py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{T, H});
+    float* outp = static_cast<float*>(out.mutable_data());
+    py::array logits;
+    if (with_head) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{1, hl.N});
+    float* lp = with_head ? static_cast<float*>(logits.mutable_data()) : nullptr;
+    std::vector<float> ping(static_cast<size_t>(T * H)), pong(static_cast<size_t>(T * H));
+    int64_t done = 0;
+    bool head_ok = false;
+    {
+        py::gil_scoped_release nogil;
+        const float* cur = args[0].x;
+        for (; done < parsed; ++done) {
+            LayerArgs& a = args[done];
+            a.x = cur;
+            a.out = (done % 2 == 0 ? ping : pong).data();
+            Result kv_error;
+            const Fallback r = run_layer(a, kv_error);
+            if (r != Fallback::none) {
+                reason = r;  // the caller reruns this layer from its input and handles r
+                break;
+            }
+            cur = a.out;
+        }
+        if (done == n) {
+            rmsnorm({cur, H}, normw, T, H, static_cast<float>(eps), outp, H);
+            if (with_head) head_ok = run_head(hl, args[0].act, outp + (T - 1) * H, lp);
+        } else {
+            std::copy(cur, cur + T * H, outp);
+        }
+    }
+    if (done < n) return py::make_tuple(out, done, fallback_reason(reason), py::none());
+    return py::make_tuple(out, done, py::none(), head_ok ? py::object(logits) : py::none());
+}
+
 }  // namespace
 
 void bind_layer(py::module_& m) {
@@ -648,6 +756,10 @@ void bind_layer(py::module_& m) {
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");
+    m.def("decoder_stack", &decoder_stack, py::arg("layers"), py::arg("x"), py::arg("ctxs"), py::arg("norm"),
+          py::arg("eps"), py::arg("head") = py::none(),
+          "Every decoder layer, the final norm and the head of the last row in one call: "
+          "returns (x, layers_done, fallback_reason | None, logits | None).");
 }
 
 }  // namespace infer
