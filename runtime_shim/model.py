@@ -40,11 +40,11 @@ from .kernels import (
     select_kernels,
     with_float_activations,
 )
-from .kv_cache import KVCacheConfig, KVPool
+from .kv_cache import KVCacheConfig, KVPool, LayerKV
 from .kv_cache import Sequence as KVSequence
 from .prefix_cache import PrefixStore
 from .stats import ForwardStats
-from .weights import ModelWeights, bind_weights
+from .weights import LayerWeights, ModelWeights, bind_weights
 
 __all__ = ["ACT_MODES", "VERIFY_MODES", "Model", "open"]
 
@@ -185,6 +185,7 @@ class Model:
         # the kernels' one-call forward (decoder_stack) where they have one; False: layer by
         # layer through decoder_layer, the reference it must match
         self.one_call = True
+        self._kv_views: tuple[KVPool, list[LayerKV]] | None = None
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()
         self._tokenizer = None
@@ -405,8 +406,9 @@ class Model:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
         layers = self.weights.layers
-        ctxs = [
-            LayerContext(
+
+        def ctx_of(lw: LayerWeights) -> LayerContext:
+            return LayerContext(
                 num_heads=cfg.num_heads,
                 num_kv_heads=cfg.num_kv_heads,
                 head_dim=cfg.head_dim,
@@ -425,18 +427,18 @@ class Model:
                 attn_softcap=cfg.attn_softcap,
                 lora=None if adapter is None else adapter.layers[lw.index],
             )
-            for lw in layers
-        ]
+
         done, last = 0, None
         stack = getattr(k, "decoder_stack", None)  # kernels without it run layer by layer
-        if stack is not None and self.one_call and teacher is None and collect is None:
-            out = self.weights.output if head else None
-            res = stack(layers, x, ctxs, self.weights.norm, cfg.rms_norm_eps, out)
+        one_call = self.one_call and teacher is None and collect is None and not inject
+        if stack is not None and one_call and adapter is None:
+            res = stack(self.weights, x, ctx_of(layers[0]), self._layer_kvs(), cfg.windows, head)
             if res is not None:
                 x, done, last = res
-        for lw, ctx in zip(layers[done:], ctxs[done:], strict=True):
+        for lw in layers[done:]:
             if teacher is not None:
                 x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
+            ctx = ctx_of(lw)
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
                 stats.record_fallback(lw.index, res.fallback.value)
@@ -460,6 +462,13 @@ class Model:
         if collect is not None:
             collect.setdefault("norm", []).append(x)
         return x, last
+
+    def _layer_kvs(self) -> list[LayerKV]:
+        """Every layer's view of the KV pool (made once: the pool's arrays are fixed)."""
+        if self._kv_views is None or self._kv_views[0] is not self.kv_pool:
+            pool = self.kv_pool
+            self._kv_views = (pool, [pool.layer(i) for i in range(self.config.num_layers)])
+        return self._kv_views[1]
 
     def _head(
         self, x: np.ndarray, stats: ForwardStats, projected: np.ndarray | None = None

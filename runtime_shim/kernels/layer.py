@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import NumericError
-from ..weights import LayerWeights, Linear
+from ..kv_cache import LayerKV
+from ..weights import LayerWeights, Linear, ModelWeights
 from .fallback import Fallback
 from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations, StackResult
 
@@ -62,14 +63,15 @@ class CompositeLayer:
 
     def decoder_stack(
         self,
-        layers: Sequence[LayerWeights],
+        weights: ModelWeights,
         x: np.ndarray,
-        ctxs: Sequence[LayerContext],
-        norm: np.ndarray,
-        eps: float,
-        head: Linear | None,
+        ctx: LayerContext,
+        kvs: Sequence[LayerKV],
+        windows: Sequence[int | None],
+        head: bool,
     ) -> StackResult | None:
-        """Every layer, the final norm and the head in one call, where a backend has it;
+        """Every layer (layer i with ``kvs[i]`` and ``windows[i]``, the rest of ``ctx`` as
+        is), the final norm and (``head``) the head in one call, where a backend has it;
         None: the caller runs ``decoder_layer`` layer by layer (the reference)."""
         return None
 

@@ -13,7 +13,7 @@ from edgepack.format import Encoding, codecs
 
 from ..errors import NumericError
 from ..kv_cache import KV_LAYOUTS, LayerKV
-from ..weights import LayerWeights, Linear
+from ..weights import LayerWeights, Linear, ModelWeights
 from .fallback import Fallback, NativeGap
 from .interface import (
     ACT_SCALE_MAX,
@@ -76,7 +76,8 @@ class NativeKernels(CompositeLayer):
         self.isa = isa
         self._fused_layer = hasattr(module, "decoder_layer")
         self._fused_lora = bool(getattr(module, "DECODER_LAYER_LORA", False))
-        self._fused_stack = hasattr(module, "decoder_stack")
+        self._fused_stack = hasattr(module, "Stack")
+        self._stacks: dict[int, tuple[ModelWeights, Any]] = {}
         self._warned: set[str] = set()
         self.partial_matmul = False  # some weights could not be bound natively
 
@@ -261,47 +262,59 @@ class NativeKernels(CompositeLayer):
         layout is the native kernels' and the layer needs nothing they lack
         (:class:`NativeGap`, logged once each); else the shared chain (:mod:`.layer`) over
         this backend's ops."""
-        if self._whole_layer(lw, ctx):
-            out, reason = self.mod.decoder_layer(lw, x, ctx)
-            if reason != Fallback.KV_LAYOUT.value:
-                return LayerResult(out, None if reason is None else Fallback(reason))
-            self._kv_on_numpy(ctx.kv)
-        return super().decoder_layer(lw, x, ctx)
-
-    def _whole_layer(self, lw: LayerWeights, ctx: LayerContext) -> bool:
-        """The extension's whole layer can take this call (see :meth:`decoder_layer`)."""
-        if not (
+        if (
             not ctx.inject_overflow
             and self._fused_layer
             and self._native_kv(ctx.kv)
             and all(_bound(lin) for lin in lw.linears)
         ):
-            return False
-        gap = _native_gap(lw, ctx)
-        if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
-            gap = NativeGap.ADAPTER
-        if gap is not None and gap not in self._warned:
-            self._warned.add(gap)
-            _log.info("native whole layer not used: %s", gap)
-        return gap is None
+            gap = _native_gap(lw, ctx)
+            if gap is None and getattr(ctx, "lora", None) is not None and not self._fused_lora:
+                gap = NativeGap.ADAPTER
+            if gap is None:
+                out, reason = self.mod.decoder_layer(lw, x, ctx)
+                if reason != Fallback.KV_LAYOUT.value:
+                    return LayerResult(out, None if reason is None else Fallback(reason))
+                self._kv_on_numpy(ctx.kv)
+            elif gap not in self._warned:
+                self._warned.add(gap)
+                _log.info("native whole layer not used: %s", gap)
+        return super().decoder_layer(lw, x, ctx)
 
     def decoder_stack(
         self,
-        layers: Sequence[LayerWeights],
+        weights: ModelWeights,
         x: np.ndarray,
-        ctxs: Sequence[LayerContext],
-        norm: np.ndarray,
-        eps: float,
-        head: Linear | None,
+        ctx: LayerContext,
+        kvs: Sequence[LayerKV],
+        windows: Sequence[int | None],
+        head: bool,
     ) -> StackResult | None:
         """The extension's one-call forward (every layer, final norm, head of the last
-        row, the GIL released once) when every layer would take its whole layer; a layer
-        that asks for a fallback ends it there and the caller's chain goes on from it."""
-        if not self._fused_stack or not all(map(self._whole_layer, layers, ctxs)):
+        row, the GIL released once) over ``weights`` read once, when every layer would
+        take its whole layer; a layer that asks for a fallback ends it there and the
+        caller's chain goes on from it. Adapters and injected overflows go layer by layer."""
+        if not self._fused_layer or ctx.inject_overflow or getattr(ctx, "lora", None) is not None:
             return None
-        bound_head = head if head is not None and _bound(head) else None
-        out, done, _reason, logits = self.mod.decoder_stack(layers, x, ctxs, norm, eps, bound_head)
+        if not (kvs and self._native_kv(kvs[0]) and _native_kv_shape(kvs[0], ctx.head_dim)):
+            return None
+        stack = self._stack(weights, ctx)
+        if stack is None:
+            return None
+        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
         return StackResult(out, done, logits)
+
+    def _stack(self, weights: ModelWeights, ctx: LayerContext) -> Any:
+        """The extension's Stack over ``weights``, made on first use (reading the bound
+        weights, nothing copied); None when some layer is not fully bound natively."""
+        key = id(weights)
+        if key not in self._stacks:
+            layers = weights.layers
+            ready = self._fused_stack and all(_bound(lin) for lw in layers for lin in lw.linears)
+            head = weights.output if _bound(weights.output) else None
+            stack = self.mod.Stack(layers, ctx, weights.norm, ctx.eps, head) if ready else None
+            self._stacks[key] = (weights, stack)  # the weights kept: the id stays theirs
+        return self._stacks[key][1]
 
     def _native_kv(self, kv: LayerKV) -> bool:
         """The native attention implements this layer's KV layout (V groups of 8k)."""

@@ -1,5 +1,6 @@
-"""The one-call forward (``decoder_stack``: every layer, the final norm and the head in one
-native call) gives the per-layer path's bits, and hands over to it where a layer asks."""
+"""The one-call forward (``decoder_stack``, the extension's ``Stack``: every layer, the final
+norm and the head in one native call) gives the per-layer path's bits, and hands over to it
+where a layer asks."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _count_layer_calls(m: rt.Model) -> list[int]:
 @pytest.mark.parametrize("kv", ["int8", "float"])
 @pytest.mark.parametrize("activations", ["auto", "float"])
 def test_one_call_forward_gives_the_per_layer_bits(pkg: Path, kv: str, activations: str) -> None:
-    native_runtime_module("decoder_stack")
+    native_runtime_module("Stack")
     got = {}
     with rt.open(pkg, kernels="native", kv=kv, activations=activations, verify="none") as m:
         assert isinstance(m.kernels, NativeKernels)
@@ -70,7 +71,7 @@ def test_one_call_forward_gives_the_per_layer_bits(pkg: Path, kv: str, activatio
 def test_stack_stops_at_a_layer_it_cannot_run_and_returns_its_input(pkg: Path) -> None:
     """Layers before the one it cannot run (here: a KV layout it lacks) ran in the call;
     x is that layer's input, bit for bit what decoder_layer gives layer by layer."""
-    mod = native_runtime_module("decoder_stack")
+    mod = native_runtime_module("Stack")
     with rt.open(pkg, kernels="native", verify="none") as m:
         seq = m.new_sequence()
         seq.prepare(IDS)
@@ -93,37 +94,39 @@ def test_stack_stops_at_a_layer_it_cannot_run_and_returns_its_input(pkg: Path) -
             out, reason = mod.decoder_layer(lw, ref[-1], ctx)
             assert reason is None
             ref.append(out)
+        eps = cfg.rms_norm_eps
+        stack = mod.Stack(m.weights.layers, ctxs[0], m.weights.norm, eps, m.weights.output)
+        kvs = [ctx.kv for ctx in ctxs]
+        windows = [None] * len(kvs)
         for stop in range(len(ctxs)):
-            bad = list(ctxs)
-            bad[stop] = replace(ctxs[stop], kv=replace(ctxs[stop].kv, mode="int3-nowhere"))
-            x, done, reason, logits = mod.decoder_stack(
-                m.weights.layers, x0, bad, m.weights.norm, cfg.rms_norm_eps, m.weights.output
-            )
+            bad = list(kvs)
+            bad[stop] = replace(kvs[stop], mode="int3-nowhere")
+            x, done, reason, logits = stack.run(x0, ctxs[0], bad, windows)
             assert (done, logits) == (stop, None)
             assert reason == Fallback.KV_LAYOUT.value
             np.testing.assert_array_equal(x, ref[stop])
-        x, done, reason, logits = mod.decoder_stack(
-            m.weights.layers, x0, ctxs, m.weights.norm, cfg.rms_norm_eps, m.weights.output
-        )
+        x, done, reason, logits = stack.run(x0, ctxs[0], kvs, windows)
         assert (done, reason) == (len(ctxs), None)
-        normed = m.kernels.rmsnorm(ref[-1], m.weights.norm, cfg.rms_norm_eps)
+        normed = m.kernels.rmsnorm(ref[-1], m.weights.norm, eps)
         np.testing.assert_array_equal(x, normed)
         np.testing.assert_array_equal(logits, m._project_head(normed[-1:], ForwardStats()))
+        assert stack.run(x0, ctxs[0], kvs, windows, head=False)[3] is None
         seq.release()
 
 
 def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None:
-    mod = native_runtime_module("decoder_stack")
+    native_runtime_module("Stack")
     with rt.open(pkg, kernels="native", verify="none") as m:
         m.one_call = False
         want = _steps(m)
         m.one_call = True
         calls = _count_layer_calls(m)
 
-        def stops_at_layer_1(layers, x, ctxs, norm, eps, head) -> StackResult:
-            ctxs = list(ctxs)
-            ctxs[1] = replace(ctxs[1], kv=replace(ctxs[1].kv, mode="int3-nowhere"))
-            out, done, _reason, logits = mod.decoder_stack(layers, x, ctxs, norm, eps, head)
+        def stops_at_layer_1(weights, x, ctx, kvs, windows, head) -> StackResult:
+            kvs = list(kvs)
+            kvs[1] = replace(kvs[1], mode="int3-nowhere")
+            stack = m.kernels._stack(weights, ctx)
+            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
             assert done == 1
             return StackResult(out, done, logits)
 
