@@ -256,9 +256,20 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     }
     const uint8_t* pt[TR];
     for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
+    // Group 32: the scales of 4 chunks (16 blocks) converted at once, each chunk's 4 then
+    // spread from the register (the same values chunk_scales gives, zero past K).
+    const bool g32 = w.group == 32;
+    const __m512i spread0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 s16[NR];
     for (int64_t c = 0; c < NC; ++c) {
         __m512i lo[NR], hi[NR];
         __m512 dv[NR], mv[NR];
+        if (g32 && c % 4 == 0) {
+            const int64_t left = G - 4 * c;
+            const __mmask16 sm = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1u);
+            for (int r = 0; r < NR; ++r) s16[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, srow[r] + 4 * c));
+        }
+        const __m512i spread = _mm512_add_epi32(spread0, _mm512_set1_epi32(static_cast<int>(4 * (c % 4))));
         const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
         for (int r = 0; r < NR; ++r) {
             // rows are contiguous: the same line PF_TILES tiles further down the matrix
@@ -266,7 +277,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
             const __m512i v = c < full ? ld512(codes[r] + 64 * c) : _mm512_maskz_loadu_epi8(km, codes[r] + 64 * c);
             lo[r] = _mm512_and_si512(v, m4);
             hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            dv[r] = chunk_scales(srow[r], c, w.group, K);
+            dv[r] = g32 ? _mm512_permutexvar_ps(spread, s16[r]) : chunk_scales(srow[r], c, w.group, K);
             if (ASYM) mv[r] = chunk_scales(zrow[r], c, w.group, K);
         }
         for (int t = 0; t < TR; ++t) {
