@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import NumericError
-from ..kv_cache import LayerKV
-from ..weights import LayerWeights, Linear, ModelWeights
+from ..weights import LayerWeights, Linear
 from .fallback import Fallback
-from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations, StackResult
+from .interface import INJECT_FACTOR, LayerContext, LayerResult, QuantizedActivations
 
 if TYPE_CHECKING:
     from ..adapters import LayerLora
@@ -60,20 +59,6 @@ class CompositeLayer:
         if act == "silu":
             return k.swiglu_quantize(gate, up, group)
         return k.quantize_activations(k.gated_activation(gate, up, act), group)
-
-    def decoder_stack(
-        self,
-        weights: ModelWeights,
-        x: np.ndarray,
-        ctx: LayerContext,
-        kvs: Sequence[LayerKV],
-        windows: Sequence[int | None],
-        head: bool,
-    ) -> StackResult | None:
-        """Every layer (layer i with ``kvs[i]`` and ``windows[i]``, the rest of ``ctx`` as
-        is), the final norm and (``head``) the head in one call, where a backend has it;
-        None: the caller runs ``decoder_layer`` layer by layer (the reference)."""
-        return None
 
     def decoder_layer(self, lw: LayerWeights, x: np.ndarray, ctx: LayerContext) -> LayerResult:
         k: Any = self

@@ -58,7 +58,8 @@ class NativeKernels(CompositeLayer):
     tanh-GELU, ReLU), ``set_threads(n)``; quantizing ops raise
     :class:`~edgepack.runtime_shim.errors.NumericError`.
     A whole-layer ``decoder_layer(layer, x, ctx) -> (x_out | None, reason | None)`` is
-    used when present. An op whose call fails with a TypeError (an API mismatch) is
+    used when present, and ``Stack`` (every layer, final norm and head in one call) for
+    :meth:`decoder_stack`. An op whose call fails with a TypeError (an API mismatch) is
     switched to numpy for good, with one warning.
     """
 
