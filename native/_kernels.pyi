@@ -1,5 +1,7 @@
 """Type stub for the compiled ``edgepack.native._kernels`` (see native/src/module.cpp)."""
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -421,3 +423,28 @@ class LayerArena:
     def nbytes(self) -> int: ...
     @property
     def max_tokens(self) -> int: ...
+
+class Stack:
+    """The whole forward of a chunk in one call, over weights read and validated once
+    (layers as decoder_layer's lw, ctx for the heads, final norm float32 [hidden], eps,
+    head: a Linear as decoder_layer's q, or None); the weights must not change after."""
+
+    def __init__(
+        self, layers: Sequence[object], ctx: object, norm: npt.NDArray[np.float32], eps: float,
+        head: object | None = None,
+    ) -> None: ...
+    def run(
+        self,
+        x: npt.NDArray[np.float32],
+        ctx: object,
+        kvs: Sequence[object],
+        windows: Sequence[int | None],
+        head: bool = True,
+    ) -> tuple[npt.NDArray[np.float32], int, str | None, npt.NDArray[np.float32] | None]:
+        """decoder_layer(layers[i], x_i, ctx with kvs[i] and windows[i]) in turn, then the
+        final RMSNorm and (head) the logits [1, rows] of the last row, the GIL released
+        once for all of it; ctx.lora must be None. Returns (x_normed, len(layers), None,
+        logits | None) when every layer ran (logits None without a head or when its int8
+        input overflows: the caller's head runs then), else (x_in_of_layer_d, d, reason,
+        None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)
+        and the caller runs layers d.. itself."""

@@ -42,12 +42,12 @@ from .kernels import (
     with_float_activations,
 )
 from .kernels.layer_buffers import LayerShape
-from .kv_cache import KVCacheConfig, KVPool
+from .kv_cache import KVCacheConfig, KVPool, LayerKV
 from .kv_cache import Sequence as KVSequence
 from .layer_arena import ModelArena
 from .prefix_cache import PrefixStore
 from .stats import ForwardStats
-from .weights import ModelWeights, bind_weights
+from .weights import LayerWeights, ModelWeights, bind_weights
 
 __all__ = ["ACT_MODES", "VERIFY_MODES", "Model", "open"]
 
@@ -187,6 +187,10 @@ class Model:
         self.kv_pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_config, salt=salt)
         self.rope = RopeTable(cfg.inv_freq(weights.rope_freqs), cfg.rope_attention_scaling)
         self.inject_overflow_layers: set[int] = _inject_layers(cfg.num_layers)
+        # the kernels' one-call forward (decoder_stack) where they have one; False: layer by
+        # layer through decoder_layer, the reference it must match
+        self.one_call = True
+        self._kv_views: tuple[KVPool, list[LayerKV]] | None = None
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()
         self._tokenizer = None
@@ -392,11 +396,12 @@ class Model:
             forced = None
             if teacher is not None:
                 forced = {k: v[c0 : c0 + len(chunk)] for k, v in teacher.items()}
-            x = self._forward_chunk(seq, chunk, stats, collect, forced, adapter)
+            head = logits == "last" and last_chunk
+            x, last = self._forward_chunk(seq, chunk, stats, collect, forced, adapter, head)
             if logits == "all":
                 outs.append(self._head(x, stats))
-            elif logits == "last" and last_chunk:
-                return self._head(x[-1:], stats)[0]
+            elif head:
+                return self._head(x[-1:], stats, last)[0]
         if logits == "all":
             return np.concatenate(outs) if len(outs) > 1 else outs[0]
         return None
@@ -409,7 +414,10 @@ class Model:
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None = None,
         adapter: ActiveAdapter | None = None,
-    ) -> np.ndarray:
+        head: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The chunk's final-normed hidden states and, when the kernels' one-call forward
+        ran it all and ``head`` asks for it, the head's logits of its last row."""
         cfg, k = self.config, self.kernels
         start = seq.length
         seq.prepare(chunk)
@@ -424,10 +432,10 @@ class Model:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
         arena = self.arena.native_for(adapter)
-        for lw in self.weights.layers:
-            if teacher is not None:
-                x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
-            ctx = LayerContext(
+        layers = self.weights.layers
+
+        def ctx_of(lw: LayerWeights) -> LayerContext:
+            return LayerContext(
                 num_heads=cfg.num_heads,
                 num_kv_heads=cfg.num_kv_heads,
                 head_dim=cfg.head_dim,
@@ -447,6 +455,18 @@ class Model:
                 lora=None if adapter is None else adapter.layers[lw.index],
                 arena=arena,
             )
+
+        done, last = 0, None
+        stack = getattr(k, "decoder_stack", None)  # kernels without it run layer by layer
+        one_call = self.one_call and teacher is None and collect is None and not inject
+        if stack is not None and one_call and adapter is None:
+            res = stack(self.weights, x, ctx_of(layers[0]), self._layer_kvs(), cfg.windows, head)
+            if res is not None:
+                x, done, last = res
+        for lw in layers[done:]:
+            if teacher is not None:
+                x = teacher["embed" if lw.index == 0 else f"layers.{lw.index - 1}"]
+            ctx = ctx_of(lw)
             res = k.decoder_layer(lw, x, ctx)
             if res.fallback is not None and ctx.act_int8:
                 stats.record_fallback(lw.index, res.fallback.value)
@@ -465,14 +485,25 @@ class Model:
             if collect is not None:
                 collect.setdefault(f"layers.{lw.index}", []).append(x)
         seq.commit()
-        x = k.rmsnorm(x, self.weights.norm, cfg.rms_norm_eps)
+        if done < len(layers):  # else the one-call forward normed it
+            x = k.rmsnorm(x, self.weights.norm, cfg.rms_norm_eps)
         if collect is not None:
             collect.setdefault("norm", []).append(x)
-        return x
+        return x, last
 
-    def _head(self, x: np.ndarray, stats: ForwardStats) -> np.ndarray:
-        """Logits from final-normed hidden states ``x: [T, hidden]``."""
-        logits = self._project_head(x, stats)
+    def _layer_kvs(self) -> list[LayerKV]:
+        """Every layer's view of the KV pool (made once: the pool's arrays are fixed)."""
+        if self._kv_views is None or self._kv_views[0] is not self.kv_pool:
+            pool = self.kv_pool
+            self._kv_views = (pool, [pool.layer(i) for i in range(self.config.num_layers)])
+        return self._kv_views[1]
+
+    def _head(
+        self, x: np.ndarray, stats: ForwardStats, projected: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Logits from final-normed hidden states ``x: [T, hidden]`` (``projected``: the
+        head's output for them, already computed)."""
+        logits = self._project_head(x, stats) if projected is None else projected
         cap = self.config.final_softcap
         if cap is not None:  # gemma2: cap * tanh(logits / cap), in float32
             logits /= np.float32(cap)

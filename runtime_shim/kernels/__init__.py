@@ -37,7 +37,10 @@ sequence is written once in Python (:mod:`.layer`, chaining the ops above) and o
 C++ (the extension's ``decoder_layer``, a whole layer per call, which
 :class:`NativeKernels` prefers). A result with ``fallback`` (a :class:`Fallback`, one
 enum on both sides of the boundary) makes the model recompute that layer with float
-activations (:mod:`..model`).
+activations (:mod:`..model`). Where the backend has ``decoder_stack`` (native: the
+extension's ``Stack``, weights read once) the model runs every layer, the final norm and
+the head in one call instead; a layer that asks for a fallback ends that call and the
+per-layer path, the reference, goes on from it with the same bits.
 
 One module per job: :mod:`.interface` (protocol and types), :mod:`.layer` (the layer
 chain), :mod:`.fallback`, :mod:`.numpy_backend`, :mod:`.native_backend`,

@@ -24,6 +24,7 @@ __all__ = [
     "LayerContext",
     "LayerResult",
     "QuantizedActivations",
+    "StackResult",
     "with_float_activations",
 ]
 
@@ -94,6 +95,17 @@ class LayerContext:
 class LayerResult(NamedTuple):
     x: np.ndarray | None  # the layer's output (residual stream), None when it gave up
     fallback: Fallback | None  # why the float path must recompute this layer, or None
+
+
+class StackResult(NamedTuple):
+    """What a one-call forward (``decoder_stack``) did: ``done`` layers ran; when that is
+    all of them ``x`` is the final-normed hidden state and ``logits`` the head's output
+    of its last row (None: the caller's head runs); else ``x`` is layer ``done``'s input
+    and the caller's per-layer chain takes over from there."""
+
+    x: np.ndarray
+    done: int
+    logits: np.ndarray | None
 
 
 @runtime_checkable

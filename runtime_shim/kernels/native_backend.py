@@ -13,7 +13,7 @@ from edgepack.format import Encoding, codecs
 
 from ..errors import NumericError
 from ..kv_cache import KV_LAYOUTS, LayerKV
-from ..weights import LayerWeights, Linear
+from ..weights import LayerWeights, Linear, ModelWeights
 from .fallback import Fallback, NativeGap
 from .interface import (
     ACT_SCALE_MAX,
@@ -21,6 +21,7 @@ from .interface import (
     LayerContext,
     LayerResult,
     QuantizedActivations,
+    StackResult,
 )
 from .layer import CompositeLayer
 from .numpy_backend import NumpyKernels
@@ -57,7 +58,8 @@ class NativeKernels(CompositeLayer):
     tanh-GELU, ReLU), ``set_threads(n)``; quantizing ops raise
     :class:`~edgepack.runtime_shim.errors.NumericError`.
     A whole-layer ``decoder_layer(layer, x, ctx) -> (x_out | None, reason | None)`` is
-    used when present. An op whose call fails with a TypeError (an API mismatch) is
+    used when present, and ``Stack`` (every layer, final norm and head in one call) for
+    :meth:`decoder_stack`. An op whose call fails with a TypeError (an API mismatch) is
     switched to numpy for good, with one warning.
     """
 
@@ -75,6 +77,8 @@ class NativeKernels(CompositeLayer):
         self.isa = isa
         self._fused_layer = hasattr(module, "decoder_layer")
         self._fused_lora = bool(getattr(module, "DECODER_LAYER_LORA", False))
+        self._fused_stack = hasattr(module, "Stack")
+        self._stacks: dict[int, tuple[ModelWeights, Any]] = {}
         self._warned: set[str] = set()
         self.partial_matmul = False  # some weights could not be bound natively
 
@@ -284,6 +288,41 @@ class NativeKernels(CompositeLayer):
                 self._warned.add(gap)
                 _log.info("native whole layer not used: %s", gap)
         return super().decoder_layer(lw, x, ctx)
+
+    def decoder_stack(
+        self,
+        weights: ModelWeights,
+        x: np.ndarray,
+        ctx: LayerContext,
+        kvs: Sequence[LayerKV],
+        windows: Sequence[int | None],
+        head: bool,
+    ) -> StackResult | None:
+        """The extension's one-call forward (every layer, final norm, head of the last
+        row, the GIL released once) over ``weights`` read once, when every layer would
+        take its whole layer; a layer that asks for a fallback ends it there and the
+        caller's chain goes on from it. Adapters and injected overflows go layer by layer."""
+        if not self._fused_layer or ctx.inject_overflow or getattr(ctx, "lora", None) is not None:
+            return None
+        if not (kvs and self._native_kv(kvs[0]) and _native_kv_shape(kvs[0], ctx.head_dim)):
+            return None
+        stack = self._stack(weights, ctx)
+        if stack is None:
+            return None
+        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
+        return StackResult(out, done, logits)
+
+    def _stack(self, weights: ModelWeights, ctx: LayerContext) -> Any:
+        """The extension's Stack over ``weights``, made on first use (reading the bound
+        weights, nothing copied); None when some layer is not fully bound natively."""
+        key = id(weights)
+        if key not in self._stacks:
+            layers = weights.layers
+            ready = self._fused_stack and all(_bound(lin) for lw in layers for lin in lw.linears)
+            head = weights.output if _bound(weights.output) else None
+            stack = self.mod.Stack(layers, ctx, weights.norm, ctx.eps, head) if ready else None
+            self._stacks[key] = (weights, stack)  # the weights kept: the id stays theirs
+        return self._stacks[key][1]
 
     def _native_kv(self, kv: LayerKV) -> bool:
         """The native attention implements this layer's KV layout (V groups of 8k)."""

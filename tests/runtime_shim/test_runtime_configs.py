@@ -250,3 +250,15 @@ class _CountingLayer:
     def decoder_layer(self, *args: Any) -> Any:
         self._calls.append(1)
         return self._mod.decoder_layer(*args)
+
+    def Stack(self, *args: Any) -> Any:  # the one-call forward: whole layers too
+        return _CountingStack(self._mod.Stack(*args), self._calls)
+
+
+class _CountingStack:
+    def __init__(self, stack: Any, calls: list[int]) -> None:
+        self._stack, self._calls = stack, calls
+
+    def run(self, *args: Any) -> Any:
+        self._calls.append(1)
+        return self._stack.run(*args)

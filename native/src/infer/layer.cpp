@@ -597,9 +597,10 @@ int64_t group_attr(const py::object& lw, const char* name, int64_t H) {
     return v;
 }
 
-py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::object& ctx) {
-    std::vector<py::object> keep;
-    LayerArgs a;
+// The call-wide arguments of ctx (input, heads, positions, RoPE rows, activation, score
+// scale and cap), the same for every layer of one forward, read and validated into `a`
+// (`keep` holds every array `a` points into; Stack::take_call copies these fields).
+void parse_call(const py::object& x_in, const py::object& ctx, LayerArgs& a, std::vector<py::object>& keep) {
     if (!py::isinstance<py::array>(x_in)) throw py::type_error("decoder_layer: x must be a numpy array");
     py::array x = py::reinterpret_borrow<py::array>(x_in);
     if (!is_f32(x)) throw py::type_error("decoder_layer: x must be float32");
@@ -639,8 +640,33 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
         (name[0] == 'c' ? a.cos : a.sin) = static_cast<const float*>(c.data());
         keep.push_back(c);
     }
+    const py::object act_o = get_opt(ctx, "activation");
+    const std::string act = act_o.is_none() ? "silu" : act_o.cast<std::string>();
+    if (act == "gelu") {
+        a.act_kind = static_cast<int>(GatedAct::gelu);
+    } else if (act == "gelu_tanh") {
+        a.act_kind = static_cast<int>(GatedAct::gelu_tanh);
+    } else if (act == "relu") {
+        a.act_kind = static_cast<int>(GatedAct::relu);
+    } else if (act != "silu") {
+        bad("unknown activation '" + act + "'");
+    }
+    const py::object sc = get_opt(ctx, "attn_scale"), cap = get_opt(ctx, "attn_softcap");
+    if (!sc.is_none()) {
+        a.attn_scale = sc.cast<double>();
+        if (!(a.attn_scale > 0.0) || !std::isfinite(a.attn_scale)) bad("ctx.attn_scale must be finite and > 0");
+    }
+    if (!cap.is_none()) {
+        a.softcap = static_cast<float>(cap.cast<double>());
+        if (!(a.softcap > 0.0f) || !std::isfinite(a.softcap)) bad("ctx.attn_softcap must be finite and > 0");
+    }
+}
+
+// One layer's KV cache (kvo over the block table) and sliding window, or kv_layout when
+// the native kernels lack the cache's layout.
+Fallback parse_kv(const py::object& kvo, const py::object& table, const py::object& win, LayerArgs& a,
+                  std::vector<py::object>& keep) {
     // KV cache (validated by the same code as attention_prefill)
-    const py::object kvo = get(ctx, "kv");
     const std::string mode = get(kvo, "mode").cast<std::string>();
     // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
     // anything else is the caller's to run, said with a typed reason, never approximated.
@@ -648,16 +674,26 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     if (mode != "float") {
         const int64_t g = get(kvo, "v_group").cast<int64_t>();
         if (!(v5 || v6 || mode == "int8-legacy") || g < 8 || g % 8 != 0 || a.hd % g != 0) {
-            return py::make_tuple(py::none(), fallback_reason(Fallback::kv_layout));
+            return Fallback::kv_layout;
         }
     }
     const py::object layout = get_opt(kvo, "layout");
     const bool rotate = !layout.is_none() && get_opt(layout, "rotate").is(py::bool_(true));
     KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 get(ctx, "block_table"), a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
+                                 table, a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
                                  v5 ? get(kvo, "v_mins") : py::none(), rotate);
     a.kv = kvh.kv;
+    keep.insert(keep.end(), kvh.keep.begin(), kvh.keep.end());
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
+    if (!win.is_none()) {
+        a.window = win.cast<int64_t>();
+        if (a.window < 1) bad("ctx.window must be >= 1");
+    }
+    return Fallback::none;
+}
+
+// A layer's weights, checked against the hidden size and heads already in `a`.
+void parse_weights(const py::object& lw, LayerArgs& a, std::vector<py::object>& keep) {
     // weights
     const int64_t H = a.hidden, QD = a.nh * a.hd, KD = a.nkv * a.hd;
     a.attn_norm = f32_vec(get(lw, "attn_norm"), H, "attn_norm", keep);
@@ -682,59 +718,229 @@ py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::
     const py::object apn = get_opt(lw, "attn_post_norm"), fpn = get_opt(lw, "ffn_post_norm");
     if (!apn.is_none()) a.attn_post_norm = f32_vec(apn, H, "attn_post_norm", keep);
     if (!fpn.is_none()) a.ffn_post_norm = f32_vec(fpn, H, "ffn_post_norm", keep);
-    const py::object act_o = get_opt(ctx, "activation");
-    const std::string act = act_o.is_none() ? "silu" : act_o.cast<std::string>();
-    if (act == "gelu") {
-        a.act_kind = static_cast<int>(GatedAct::gelu);
-    } else if (act == "gelu_tanh") {
-        a.act_kind = static_cast<int>(GatedAct::gelu_tanh);
-    } else if (act == "relu") {
-        a.act_kind = static_cast<int>(GatedAct::relu);
-    } else if (act != "silu") {
-        bad("unknown activation '" + act + "'");
-    }
-    const py::object win = get_opt(ctx, "window"), sc = get_opt(ctx, "attn_scale"), cap = get_opt(ctx, "attn_softcap");
-    if (!win.is_none()) {
-        a.window = win.cast<int64_t>();
-        if (a.window < 1) bad("ctx.window must be >= 1");
-    }
-    if (!sc.is_none()) {
-        a.attn_scale = sc.cast<double>();
-        if (!(a.attn_scale > 0.0) || !std::isfinite(a.attn_scale)) bad("ctx.attn_scale must be finite and > 0");
-    }
-    if (!cap.is_none()) {
-        a.softcap = static_cast<float>(cap.cast<double>());
-        if (!(a.softcap > 0.0f) || !std::isfinite(a.softcap)) bad("ctx.attn_softcap must be finite and > 0");
-    }
     a.qkv_group = group_attr(lw, "qkv_group", H);
     a.gate_up_group = group_attr(lw, "gate_up_group", H);
     if (a.qkv_group > 0 && !(a.q.quantized && a.k.quantized && a.v.quantized)) bad("qkv_group set but q/k/v are not all quantized");
     if (a.gate_up_group > 0 && !(a.gate.quantized && a.up.quantized)) bad("gate_up_group set but gate/up are not both quantized");
-    bind_lora(get_or_none(ctx, "lora"), a, keep);
+}
 
-    const LayerArena* arena = nullptr;  // ctx.arena: the model's planned buffer (None: unplanned)
+// The plan for a T-token call in ctx.arena, the model's planned buffer (None: unplanned,
+// each buffer in its own region).
+struct PlannedArena {
+    const ArenaPlan* plan = nullptr;
+    uint8_t* base = nullptr;
+};
+
+PlannedArena arena_of(const py::object& ctx, int64_t T) {
     const py::object arena_o = get_opt(ctx, "arena");
-    if (!arena_o.is_none()) arena = &arena_o.cast<const LayerArena&>();
-    const ArenaPlan* plan = arena != nullptr ? arena->plan_for(a.T) : nullptr;
-    if (arena != nullptr && plan == nullptr) {
-        bad("ctx.arena is planned for at most " + std::to_string(arena->max_tokens()) + " tokens, not " + std::to_string(a.T));
+    if (arena_o.is_none()) return {};
+    const LayerArena& arena = arena_o.cast<const LayerArena&>();
+    const ArenaPlan* plan = arena.plan_for(T);
+    if (plan == nullptr) {
+        bad("ctx.arena is planned for at most " + std::to_string(arena.max_tokens()) + " tokens, not " + std::to_string(T));
     }
+    return {plan, arena.base()};
+}
+
+Fallback run_layer(const LayerArgs& a, const PlannedArena& arena, Result& kv_error);
+
+// The call's arguments read and validated from the runtime's objects into `a` (`keep` holds
+// every array `a` points into), or why the native layer cannot take the call (kv_layout).
+Fallback parse_layer(const py::object& lw, const py::object& x_in, const py::object& ctx, LayerArgs& a,
+                     std::vector<py::object>& keep) {
+    parse_call(x_in, ctx, a, keep);
+    const Fallback kv = parse_kv(get(ctx, "kv"), get(ctx, "block_table"), get_opt(ctx, "window"), a, keep);
+    if (kv != Fallback::none) return kv;
+    parse_weights(lw, a, keep);
+    bind_lora(get_or_none(ctx, "lora"), a, keep);
+    return Fallback::none;
+}
+
+py::tuple decoder_layer(const py::object& lw, const py::object& x_in, const py::object& ctx) {
+    std::vector<py::object> keep;
+    LayerArgs a;
+    const Fallback unsupported = parse_layer(lw, x_in, ctx, a, keep);
+    if (unsupported != Fallback::none) return py::make_tuple(py::none(), fallback_reason(unsupported));
+    const int64_t H = a.hidden;
+    const PlannedArena arena = arena_of(ctx, a.T);
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{a.T, H});
     a.out = static_cast<float*>(out.mutable_data());
     Fallback reason = Fallback::none;
     Result kv_error;
     {
         py::gil_scoped_release nogil;
-        Arena ar{plan, plan != nullptr ? arena->base() : nullptr};
-        Runner r{a, ar, {}, {}, {}};
-        reason = r.run();
-        kv_error = r.kv_error;
+        reason = run_layer(a, arena, kv_error);
     }
     if (reason == Fallback::none) return py::make_tuple(out, py::none());
     if (kv_error.status != Status::ok) raise_numeric(kv_error, "decoder_layer", kv_where(kv_error, a.nkv));
     if (reason == Fallback::non_finite_output) return py::make_tuple(out, fallback_reason(reason));
     return py::make_tuple(py::none(), fallback_reason(reason));
 }
+
+// ---- the whole forward in one call ----------------------------------------------------
+
+// One parsed layer on the pool (call without the GIL): its buffers in the planned arena,
+// and its Runner.
+Fallback run_layer(const LayerArgs& a, const PlannedArena& arena, Result& kv_error) {
+    Arena ar{arena.plan, arena.base};
+    Runner r{a, ar, {}, {}, {}};
+    const Fallback reason = r.run();
+    kv_error = r.kv_error;
+    return reason;
+}
+
+// logits [1, N] = head(x) of one final-normed row, as the runtime's own head computes it
+// (int8 activations in the head's group when `act`); false when that quantization
+// overflows (the caller's head records the fallback and runs on float activations).
+// The head runs as the `down` linear of an otherwise empty layer, its buffers unplanned
+// (their own per-thread regions: the arena plans the layers only).
+bool run_head(const Lin& head, bool act, const float* x, float* logits) {
+    LayerArgs h;
+    h.T = 1;
+    h.act = act;
+    h.down = head;
+    Arena ar{};
+    Runner r{h, ar, {}, {}, {}};
+    Act in;
+    if (!r.input_for(h.down, x, head.K, &in)) return false;
+    r.apply(h.down, in, logits, nullptr);
+    return true;
+}
+
+// Runs the parsed layers args[0, parsed) in turn on args[0].x (no GIL), then, when they
+// are all n, the final RMSNorm and the head of the last row: Stack.run's result.
+// `reason`: why layer `parsed` (< n) cannot run natively.
+py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int64_t parsed, int64_t n, Fallback reason,
+                    const float* normw, float eps, const Lin* head) {
+    const int64_t T = args[0].T, H = args[0].hidden;
+    py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{T, H});
+    float* outp = static_cast<float*>(out.mutable_data());
+    py::array logits;
+    if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{1, head->N});
+    float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
+    std::vector<float> ping(static_cast<size_t>(T * H)), pong(static_cast<size_t>(T * H));
+    int64_t done = 0;
+    bool head_ok = false;
+    {
+        py::gil_scoped_release nogil;
+        const float* cur = args[0].x;
+        for (; done < parsed; ++done) {
+            LayerArgs& a = args[done];
+            a.x = cur;
+            a.out = (done % 2 == 0 ? ping : pong).data();
+            Result kv_error;
+            const Fallback r = run_layer(a, arena, kv_error);
+            if (r != Fallback::none) {
+                reason = r;  // the caller reruns this layer from its input and handles r
+                break;
+            }
+            cur = a.out;
+        }
+        if (done == n) {
+            rmsnorm({cur, H}, normw, T, H, eps, outp, H);
+            if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - 1) * H, lp);
+        } else {
+            std::copy(cur, cur + T * H, outp);
+        }
+    }
+    if (done < n) return py::make_tuple(out, done, fallback_reason(reason), py::none());
+    return py::make_tuple(out, done, py::none(), head_ok ? py::object(logits) : py::none());
+}
+
+const float* final_norm(const py::object& norm, double eps, int64_t H, std::vector<py::object>& keep) {
+    if (!(eps >= 0.0) || !std::isfinite(eps)) bad("eps must be finite and >= 0");
+    return f32_vec(norm, H, "norm", keep);
+}
+
+Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
+    const int64_t rows = get(head, "rows").cast<int64_t>();
+    if (rows < 1) bad("head.rows must be >= 1");
+    return linear_of(head, "head", rows, H, keep);
+}
+
+// The whole forward of a chunk in one call.  Stack(layers, ctx, norm, eps, head) reads and
+// validates every layer's weights once (against ctx's heads; hidden size: norm's) and keeps
+// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head) -> (x,
+// done, reason, logits) reads only the call: ctx's call-wide fields once, each layer's KV
+// cache and window, then runs layer i on layer i-1's output, the final RMSNorm and the head
+// of the last row with the GIL released once.  done == len(layers): x is the final-normed
+// hidden state [T, hidden] and logits the head's [1, N] (None without a head or when its
+// input overflows int8).  done < len(layers): layer `done` gave `reason` (or cannot run
+// natively: kv_layout) and x is that layer's input; the caller runs the rest itself
+// (runtime_shim's per-layer chain is the reference).  Adapters (ctx.lora) go layer by layer.
+struct Stack {
+    std::vector<LayerArgs> layers;  // the weight fields of each layer (parse_weights)
+    std::vector<py::object> keep;
+    const float* norm = nullptr;
+    float eps = 0.0f;
+    Lin head;
+    bool has_head = false;
+    int64_t hidden = 0, nh = 0, nkv = 0, hd = 0;
+
+    Stack(const py::sequence& lws, const py::object& ctx, const py::object& norm_in, double eps_in,
+          const py::object& head_in) {
+        const int64_t n = static_cast<int64_t>(py::len(lws));
+        if (n < 1) bad("Stack needs >= 1 layer");
+        hidden = py::len(norm_in);
+        LayerArgs shape;
+        shape.hidden = hidden;
+        shape.nh = nh = get(ctx, "num_heads").cast<int64_t>();
+        shape.nkv = nkv = get(ctx, "num_kv_heads").cast<int64_t>();
+        shape.hd = hd = get(ctx, "head_dim").cast<int64_t>();
+        if (nh < 1 || nkv < 1 || nh % nkv != 0 || hd < 2 || hd % 2 != 0) bad("bad head configuration");
+        layers.assign(static_cast<size_t>(n), shape);
+        for (int64_t i = 0; i < n; ++i) parse_weights(lws[i], layers[i], keep);
+        norm = final_norm(norm_in, eps_in, hidden, keep);
+        eps = static_cast<float>(eps_in);
+        has_head = !head_in.is_none();
+        if (has_head) head = head_of(head_in, hidden, keep);
+    }
+
+    py::tuple run(const py::object& x_in, const py::object& ctx, const py::sequence& kvs, const py::sequence& windows,
+                  bool with_head) {
+        const int64_t n = static_cast<int64_t>(layers.size());
+        if (static_cast<int64_t>(py::len(kvs)) != n || static_cast<int64_t>(py::len(windows)) != n) {
+            bad("Stack.run needs a KV cache and a window per layer");
+        }
+        if (!get_or_none(ctx, "lora").is_none()) bad("Stack.run takes no adapter (decoder_layer does)");
+        std::vector<py::object> call_keep;
+        LayerArgs call;
+        parse_call(x_in, ctx, call, call_keep);
+        if (call.hidden != hidden || call.nh != nh || call.nkv != nkv || call.hd != hd) {
+            bad("x / ctx do not match the Stack's hidden size and heads");
+        }
+        const py::object table = get(ctx, "block_table");
+        std::vector<LayerArgs> args(layers);
+        int64_t parsed = 0;
+        Fallback reason = Fallback::none;
+        for (; parsed < n; ++parsed) {
+            LayerArgs& a = args[parsed];
+            take_call(call, a);
+            reason = parse_kv(kvs[parsed], table, windows[parsed], a, call_keep);
+            if (reason != Fallback::none) break;
+        }
+        if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
+        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr);
+    }
+
+    // The fields parse_call sets, from `c` into the layer's `a`.
+    static void take_call(const LayerArgs& c, LayerArgs& a) {
+        a.T = c.T;
+        a.hidden = c.hidden;
+        a.x = c.x;
+        a.nh = c.nh;
+        a.nkv = c.nkv;
+        a.hd = c.hd;
+        a.eps = c.eps;
+        a.act = c.act;
+        a.start = c.start;
+        a.cos = c.cos;
+        a.sin = c.sin;
+        a.act_kind = c.act_kind;
+        a.attn_scale = c.attn_scale;
+        a.softcap = c.softcap;
+    }
+};
 
 }  // namespace
 
@@ -747,6 +953,14 @@ void bind_layer(py::module_& m) {
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");
+    py::class_<Stack>(m, "Stack",
+                      "The whole forward in one call over weights read once (layers, ctx for the heads, norm, eps, head).")
+        .def(py::init<const py::sequence&, const py::object&, const py::object&, double, const py::object&>(),
+             py::arg("layers"), py::arg("ctx"), py::arg("norm"), py::arg("eps"), py::arg("head") = py::none())
+        .def("run", &Stack::run, py::arg("x"), py::arg("ctx"), py::arg("kvs"), py::arg("windows"),
+             py::arg("head") = true,
+             "Every layer (kvs[i], windows[i]; ctx's own kv / window unused), the final norm and "
+             "the head of the last row: (x, layers_done, fallback_reason | None, logits | None).");
 }
 
 }  // namespace infer

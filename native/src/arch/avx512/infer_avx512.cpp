@@ -157,6 +157,34 @@ inline void q8_tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
 
 inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 
+// _mm512_reduce_add_ps of a, b, c and d in lanes 0, 4, 8 and 12: the same additions of
+// the same pairs in the same order as GCC's reduction (lanes i + i+8, then i + i+4,
+// i + i+2, i + i+1), so the same bits, at a quarter of its shuffles (a GEMV's 4 rows).
+inline __m512 reduce_add4_ps(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
+                                   _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)),
+                                   _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)),
+                                   _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m512 w = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// The horizontal sums of acc[r][t] (NR rows x TR tokens), as _mm512_reduce_add_ps gives them.
+template <int NR, int TR>
+inline void reduce_rows(const __m512 (&acc)[NR][TR], float (&sum)[NR][TR]) {
+    for (int t = 0; t < TR; ++t) {
+        if constexpr (NR == 4) {
+            alignas(64) float lanes[16];
+            _mm512_store_ps(lanes, reduce_add4_ps(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+            for (int r = 0; r < 4; ++r) sum[r][t] = lanes[4 * r];
+        } else {
+            for (int r = 0; r < NR; ++r) sum[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
 // Software prefetch distance of the GEMV/GEMM weight streams, in row tiles. A decode step
 // reads each weight once, in rows of a few hundred bytes: the hardware prefetcher alone
 // leaves the loads waiting on memory (~10 GB/s of the ~25 GB/s two cores can stream).
@@ -240,7 +268,7 @@ void i4_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
 
 template <int TR, int NR, bool ASYM, bool GROUPED>
 inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
-    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = K / w.group;
+    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = w.group == 32 ? K / 32 : K / w.group;
     const int64_t CB = i4_chunk_bytes(K, x.group);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const uint8_t* codes[NR];
@@ -259,9 +287,20 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     }
     const uint8_t* pt[TR];
     for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
+    // Group 32: the scales of 4 chunks (16 blocks) converted at once, each chunk's 4 then
+    // spread from the register (the same values chunk_scales gives, zero past K).
+    const bool g32 = w.group == 32;
+    const __m512i spread0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 s16[NR];
     for (int64_t c = 0; c < NC; ++c) {
         __m512i lo[NR], hi[NR];
         __m512 dv[NR], mv[NR];
+        if (g32 && c % 4 == 0) {
+            const int64_t left = G - 4 * c;
+            const __mmask16 sm = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1u);
+            for (int r = 0; r < NR; ++r) s16[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, srow[r] + 4 * c));
+        }
+        const __m512i spread = _mm512_add_epi32(spread0, _mm512_set1_epi32(static_cast<int>(4 * (c % 4))));
         const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
         for (int r = 0; r < NR; ++r) {
             // rows are contiguous: the same line PF_TILES tiles further down the matrix
@@ -269,7 +308,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
             const __m512i v = c < full ? ld512(codes[r] + 64 * c) : _mm512_maskz_loadu_epi8(km, codes[r] + 64 * c);
             lo[r] = _mm512_and_si512(v, m4);
             hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            dv[r] = chunk_scales(srow[r], c, w.group, K);
+            dv[r] = g32 ? _mm512_permutexvar_ps(spread, s16[r]) : chunk_scales(srow[r], c, w.group, K);
             if (ASYM) mv[r] = chunk_scales(zrow[r], c, w.group, K);
         }
         for (int t = 0; t < TR; ++t) {
@@ -288,9 +327,11 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
             }
         }
     }
+    float sum[NR][TR];
+    reduce_rows(acc, sum);
     for (int r = 0; r < NR; ++r) {
         for (int t = 0; t < TR; ++t) {
-            float v = _mm512_reduce_add_ps(acc[r][t]);
+            float v = sum[r][t];
             if (!GROUPED) v = v * x.s[t0 + t];
             out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
         }
@@ -386,10 +427,12 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
         }
     }
     // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
+    float sum[NR][TR];
+    if (GROUPED) reduce_rows(af, sum);
     for (int r = 0; r < NR; ++r) {
         const float ws = w.scales_f32[n0 + r];
         for (int t = 0; t < TR; ++t) {
-            const float v = GROUPED ? _mm512_reduce_add_ps(af[r][t]) * ws
+            const float v = GROUPED ? sum[r][t] * ws
                                     : (x.s[t0 + t] * static_cast<float>(_mm512_reduce_add_epi32(ai[r][t]))) * ws;
             out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
         }

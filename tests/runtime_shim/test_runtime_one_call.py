@@ -1,0 +1,137 @@
+"""The one-call forward (``decoder_stack``, the extension's ``Stack``: every layer, the final
+norm and the head in one native call) gives the per-layer path's bits, and hands over to it
+where a layer asks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
+
+import edgepack.runtime_shim as rt
+from edgepack.runtime_shim.kernels import Fallback, LayerContext, NativeKernels
+from edgepack.runtime_shim.kernels.interface import StackResult
+from edgepack.runtime_shim.stats import ForwardStats
+
+IDS = [5, 17, 3, 99, 42, 7, 64, 2, 11]
+
+
+@pytest.fixture(scope="module", params=["int8", "int4-g32", "f32"])
+def pkg(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"one-call-{request.param}")
+    return convert_to(root, tiny_model_dir(root, num_hidden_layers=3), request.param)
+
+
+def _steps(m: rt.Model) -> list[np.ndarray]:
+    """Prefill logits, 6 greedy decode steps' logits, then all-token logits of 3 more."""
+    seq = m.new_sequence()
+    try:
+        out = [m.forward(seq, IDS)]
+        for _ in range(6):
+            out.append(m.forward(seq, [int(np.argmax(out[-1]))]))
+        out.append(m.forward(seq, [1, 2, 3], logits="all"))
+        return out
+    finally:
+        seq.release()
+
+
+def _count_layer_calls(m: rt.Model) -> list[int]:
+    calls = [0]
+    per_layer = m.kernels.decoder_layer
+
+    def counted(*args):
+        calls[0] += 1
+        return per_layer(*args)
+
+    m.kernels.decoder_layer = counted  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("kv", ["int8", "float"])
+@pytest.mark.parametrize("activations", ["auto", "float"])
+def test_one_call_forward_gives_the_per_layer_bits(pkg: Path, kv: str, activations: str) -> None:
+    native_runtime_module("Stack")
+    got = {}
+    with rt.open(pkg, kernels="native", kv=kv, activations=activations, verify="none") as m:
+        assert isinstance(m.kernels, NativeKernels)
+        calls = _count_layer_calls(m)
+        for one_call in (False, True):
+            m.one_call = one_call
+            calls[0] = 0
+            got[one_call] = _steps(m)
+            # the one-call forward really ran: no layer went through decoder_layer
+            assert (calls[0] == 0) == one_call
+    for a, b in zip(got[False], got[True], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stack_stops_at_a_layer_it_cannot_run_and_returns_its_input(pkg: Path) -> None:
+    """Layers before the one it cannot run (here: a KV layout it lacks) ran in the call;
+    x is that layer's input, bit for bit what decoder_layer gives layer by layer."""
+    mod = native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", verify="none") as m:
+        seq = m.new_sequence()
+        seq.prepare(IDS)
+        table = seq.block_table(len(IDS))
+        pos = np.arange(len(IDS), dtype=np.int64)
+        cos, sin = m.rope.lookup(pos)
+        cfg = m.config
+        ctxs = [
+            LayerContext(
+                num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim, eps=cfg.rms_norm_eps, cos=cos, sin=sin,
+                positions=pos, block_table=table, n_ctx=len(IDS),
+                kv=m.kv_pool.layer(lw.index), act_int8=m.act_int8,
+            )
+            for lw in m.weights.layers
+        ]
+        x0 = m.weights.embed.lookup(np.asarray(IDS))
+        ref = [x0]
+        for lw, ctx in zip(m.weights.layers, ctxs, strict=True):
+            out, reason = mod.decoder_layer(lw, ref[-1], ctx)
+            assert reason is None
+            ref.append(out)
+        eps = cfg.rms_norm_eps
+        stack = mod.Stack(m.weights.layers, ctxs[0], m.weights.norm, eps, m.weights.output)
+        kvs = [ctx.kv for ctx in ctxs]
+        windows = [None] * len(kvs)
+        for stop in range(len(ctxs)):
+            bad = list(kvs)
+            bad[stop] = replace(kvs[stop], mode="int3-nowhere")
+            x, done, reason, logits = stack.run(x0, ctxs[0], bad, windows)
+            assert (done, logits) == (stop, None)
+            assert reason == Fallback.KV_LAYOUT.value
+            np.testing.assert_array_equal(x, ref[stop])
+        x, done, reason, logits = stack.run(x0, ctxs[0], kvs, windows)
+        assert (done, reason) == (len(ctxs), None)
+        normed = m.kernels.rmsnorm(ref[-1], m.weights.norm, eps)
+        np.testing.assert_array_equal(x, normed)
+        np.testing.assert_array_equal(logits, m._project_head(normed[-1:], ForwardStats()))
+        assert stack.run(x0, ctxs[0], kvs, windows, head=False)[3] is None
+        seq.release()
+
+
+def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None:
+    native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", verify="none") as m:
+        m.one_call = False
+        want = _steps(m)
+        m.one_call = True
+        calls = _count_layer_calls(m)
+
+        def stops_at_layer_1(weights, x, ctx, kvs, windows, head) -> StackResult:
+            kvs = list(kvs)
+            kvs[1] = replace(kvs[1], mode="int3-nowhere")
+            stack = m.kernels._stack(weights, ctx)
+            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
+            assert done == 1
+            return StackResult(out, done, logits)
+
+        m.kernels.decoder_stack = stops_at_layer_1  # type: ignore[method-assign]
+        got = _steps(m)
+        assert calls[0] == 2 * len(got)  # layers 1 and 2 of every forward
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
