@@ -440,10 +440,12 @@ class Stack:
         kvs: Sequence[object],
         windows: Sequence[int | None],
         head: bool = True,
+        loras: Sequence[object | None] | None = None,
     ) -> tuple[npt.NDArray[np.float32], int, str | None, npt.NDArray[np.float32] | None]:
         """decoder_layer(layers[i], x_i, ctx with kvs[i] and windows[i]) in turn, then the
         final RMSNorm and (head) the logits [1, rows] of the last row, the GIL released
-        once for all of it; ctx.lora must be None. Returns (x_normed, len(layers), None,
+        once for all of it; loras[i]: layer i's adapter (LayerLora or None; ctx.lora is
+        not read, and must be None without loras). Returns (x_normed, len(layers), None,
         logits | None) when every layer ran (logits None without a head or when its int8
         input overflows: the caller's head runs then), else (x_in_of_layer_d, d, reason,
         None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)

@@ -459,8 +459,10 @@ class Model:
         done, last = 0, None
         stack = getattr(k, "decoder_stack", None)  # kernels without it run layer by layer
         one_call = self.one_call and teacher is None and collect is None and not inject
-        if stack is not None and one_call and adapter is None:
-            res = stack(self.weights, x, ctx_of(layers[0]), self._layer_kvs(), cfg.windows, head)
+        if stack is not None and one_call:
+            loras = None if adapter is None else adapter.layers
+            kvs = self._layer_kvs()
+            res = stack(self.weights, x, ctx_of(layers[0]), kvs, cfg.windows, head, loras)
             if res is not None:
                 x, done, last = res
         for lw in layers[done:]:

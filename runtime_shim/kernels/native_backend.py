@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .interface import (
 )
 from .layer import CompositeLayer
 from .numpy_backend import NumpyKernels
+
+if TYPE_CHECKING:
+    from ..adapters import LayerLora
 
 __all__ = ["NativeKernels"]
 
@@ -297,19 +300,21 @@ class NativeKernels(CompositeLayer):
         kvs: Sequence[LayerKV],
         windows: Sequence[int | None],
         head: bool,
+        loras: Sequence[LayerLora | None] | None = None,
     ) -> StackResult | None:
         """The extension's one-call forward (every layer, final norm, head of the last
         row, the GIL released once) over ``weights`` read once, when every layer would
         take its whole layer; a layer that asks for a fallback ends it there and the
-        caller's chain goes on from it. Adapters and injected overflows go layer by layer."""
-        if not self._fused_layer or ctx.inject_overflow or getattr(ctx, "lora", None) is not None:
+        caller's chain goes on from it. ``loras``: the session's adapter per layer (read
+        per call). Injected overflows go layer by layer."""
+        if not self._fused_layer or ctx.inject_overflow:
             return None
         if not (kvs and self._native_kv(kvs[0]) and _native_kv_shape(kvs[0], ctx.head_dim)):
             return None
         stack = self._stack(weights, ctx)
         if stack is None:
             return None
-        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
+        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras)
         return StackResult(out, done, logits)
 
     def _stack(self, weights: ModelWeights, ctx: LayerContext) -> Any:

@@ -122,11 +122,11 @@ def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None
         m.one_call = True
         calls = _count_layer_calls(m)
 
-        def stops_at_layer_1(weights, x, ctx, kvs, windows, head) -> StackResult:
+        def stops_at_layer_1(weights, x, ctx, kvs, windows, head, loras=None) -> StackResult:
             kvs = list(kvs)
             kvs[1] = replace(kvs[1], mode="int3-nowhere")
             stack = m.kernels._stack(weights, ctx)
-            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head)
+            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras)
             assert done == 1
             return StackResult(out, done, logits)
 
@@ -135,3 +135,37 @@ def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None
         assert calls[0] == 2 * len(got)  # layers 1 and 2 of every forward
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_one_call_forward_with_an_adapter_gives_the_per_layer_bits(
+    tmp_path_factory: pytest.TempPathFactory, activations: str
+) -> None:
+    """A session's adapter runs inside the one call (each layer's LoRA read per call), with
+    the bits of decoder_layer layer by layer; a session without one on the same model
+    stays the base."""
+    pytest.importorskip("peft")
+    native_runtime_module("Stack")
+    from adapterfactory import IDS as AIDS
+    from adapterfactory import base_model, make_peft_adapter
+
+    from edgepack.packager.adapters import pack_adapter
+    from edgepack.packager.convert import convert
+
+    root = tmp_path_factory.mktemp("one-call-lora")
+    base = root / "base-int8.epk"
+    convert(base_model(root), base, encoding="int8")
+    adapter = root / "adapter.epk"
+    pack_adapter(base, make_peft_adapter(root, "peft", seed=3).path, adapter)
+    with rt.open(base, kernels="native", activations=activations, verify="none") as m:
+        handle = m.load_adapter(adapter)
+        calls = _count_layer_calls(m)
+        got = {}
+        for one_call in (False, True):
+            m.one_call = one_call
+            calls[0] = 0
+            got[one_call] = m.session(adapter=handle).logits(AIDS)
+            assert (calls[0] == 0) == one_call
+        base_logits = m.session().logits(AIDS)
+    np.testing.assert_array_equal(got[False], got[True], strict=True)
+    assert not np.array_equal(base_logits, got[True])

@@ -867,7 +867,8 @@ Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
 // hidden state [T, hidden] and logits the head's [1, N] (None without a head or when its
 // input overflows int8).  done < len(layers): layer `done` gave `reason` (or cannot run
 // natively: kv_layout) and x is that layer's input; the caller runs the rest itself
-// (runtime_shim's per-layer chain is the reference).  Adapters (ctx.lora) go layer by layer.
+// (runtime_shim's per-layer chain is the reference).  loras[i] is layer i's adapter
+// (runtime_shim.adapters.LayerLora or None), read per call: a session picks its adapter.
 struct Stack {
     std::vector<LayerArgs> layers;  // the weight fields of each layer (parse_weights)
     std::vector<py::object> keep;
@@ -897,12 +898,17 @@ struct Stack {
     }
 
     py::tuple run(const py::object& x_in, const py::object& ctx, const py::sequence& kvs, const py::sequence& windows,
-                  bool with_head) {
+                  bool with_head, const py::object& loras_in) {
         const int64_t n = static_cast<int64_t>(layers.size());
         if (static_cast<int64_t>(py::len(kvs)) != n || static_cast<int64_t>(py::len(windows)) != n) {
             bad("Stack.run needs a KV cache and a window per layer");
         }
-        if (!get_or_none(ctx, "lora").is_none()) bad("Stack.run takes no adapter (decoder_layer does)");
+        if (loras_in.is_none() && !get_or_none(ctx, "lora").is_none()) bad("Stack.run takes adapters as loras, one per layer");
+        py::sequence loras;
+        if (!loras_in.is_none()) {
+            loras = py::reinterpret_borrow<py::sequence>(loras_in);
+            if (static_cast<int64_t>(py::len(loras)) != n) bad("Stack.run needs an adapter layer (or None) per layer");
+        }
         std::vector<py::object> call_keep;
         LayerArgs call;
         parse_call(x_in, ctx, call, call_keep);
@@ -918,6 +924,7 @@ struct Stack {
             take_call(call, a);
             reason = parse_kv(kvs[parsed], table, windows[parsed], a, call_keep);
             if (reason != Fallback::none) break;
+            if (!loras_in.is_none()) bind_lora(loras[parsed], a, call_keep);
         }
         if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
         return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr);
@@ -958,8 +965,8 @@ void bind_layer(py::module_& m) {
         .def(py::init<const py::sequence&, const py::object&, const py::object&, double, const py::object&>(),
              py::arg("layers"), py::arg("ctx"), py::arg("norm"), py::arg("eps"), py::arg("head") = py::none())
         .def("run", &Stack::run, py::arg("x"), py::arg("ctx"), py::arg("kvs"), py::arg("windows"),
-             py::arg("head") = true,
-             "Every layer (kvs[i], windows[i]; ctx's own kv / window unused), the final norm and "
+             py::arg("head") = true, py::arg("loras") = py::none(),
+             "Every layer (kvs[i], windows[i], loras[i]; ctx's own kv / window / lora unused), the final norm and "
              "the head of the last row: (x, layers_done, fallback_reason | None, logits | None).");
 }
 
