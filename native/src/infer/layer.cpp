@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -818,7 +819,9 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
     py::array logits;
     if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{1, head->N});
     float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
-    std::vector<float> ping(static_cast<size_t>(T * H)), pong(static_cast<size_t>(T * H));
+    // layers alternate between `out` and one more buffer (not zero-filled: each layer writes
+    // all of its output); the final norm runs in place when the last layer wrote `out`
+    const std::unique_ptr<float[]> other(new float[static_cast<size_t>(T * H)]);
     int64_t done = 0;
     bool head_ok = false;
     {
@@ -827,7 +830,7 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
         for (; done < parsed; ++done) {
             LayerArgs& a = args[done];
             a.x = cur;
-            a.out = (done % 2 == 0 ? ping : pong).data();
+            a.out = done % 2 == 0 ? other.get() : outp;
             Result kv_error;
             const Fallback r = run_layer(a, arena, kv_error);
             if (r != Fallback::none) {
@@ -839,7 +842,7 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
         if (done == n) {
             rmsnorm({cur, H}, normw, T, H, eps, outp, H);
             if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - 1) * H, lp);
-        } else {
+        } else if (cur != outp) {
             std::copy(cur, cur + T * H, outp);
         }
     }
