@@ -689,8 +689,9 @@ def op_section(h: Header, pick: Picker, orig: Original) -> Header:
     elif mode == 2:
         s = replace(s, compression=pick.choice([0, 1, 2, 255]))
     elif mode == 3:
-        n = s.uncompressed_length
-        s = replace(s, uncompressed_length=pick.choice([0, n - 1, n + 1, 1 << 30, U64 - 1]))
+        n = s.uncompressed_length  # n - 1 of an empty section wraps (a u64 field)
+        lengths = [0, n - 1, n + 1, 1 << 30, U64 - 1]
+        s = replace(s, uncompressed_length=pick.choice(lengths) % U64)
     elif mode == 4:
         s = replace(s, data=_mutated_span(s.data, h, pick, orig))
     elif mode == 5:
