@@ -80,6 +80,18 @@ def make_peft_adapter(
     return PeftAdapter(out, logits)
 
 
+def int8_base_and_adapter(root: Path) -> tuple[Path, Path]:
+    """An int8 package of the tiny base and a packed PEFT adapter for it (seed 3): the
+    pair the runtime's adapter tests load."""
+    from edgepack.packager.adapters import pack_adapter
+    from edgepack.packager.convert import convert
+
+    base, adapter = root / "base-int8.epk", root / "adapter.epk"
+    convert(base_model(root), base, encoding="int8")
+    pack_adapter(base, make_peft_adapter(root, "peft", seed=3).path, adapter)
+    return base, adapter
+
+
 def write_peft(
     path: Path, spec: Any, seed: int = 0, r: int = 4, targets: tuple = ("q_proj", "v_proj")
 ) -> Path:

@@ -107,16 +107,9 @@ def test_adapter_outputs_are_bit_identical_with_reuse_on_and_off(
     pytest.importorskip("peft")
     native_runtime_module("LayerArena")
     from adapterfactory import IDS as AIDS
-    from adapterfactory import base_model, make_peft_adapter
+    from adapterfactory import int8_base_and_adapter
 
-    from edgepack.packager.adapters import pack_adapter
-    from edgepack.packager.convert import convert
-
-    root = tmp_path_factory.mktemp("arena-lora")
-    base = root / "base-int8.epk"
-    convert(base_model(root), base, encoding="int8")
-    adapter = root / "adapter.epk"
-    pack_adapter(base, make_peft_adapter(root, "peft", seed=3).path, adapter)
+    base, adapter = int8_base_and_adapter(tmp_path_factory.mktemp("arena-lora"))
     runs = {}
     modes = ("reuse", "off", "unplanned") + (("aliased",) if activations == "int8" else ())
     for mode in modes:

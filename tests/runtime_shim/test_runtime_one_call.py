@@ -147,16 +147,9 @@ def test_one_call_forward_with_an_adapter_gives_the_per_layer_bits(
     pytest.importorskip("peft")
     native_runtime_module("Stack")
     from adapterfactory import IDS as AIDS
-    from adapterfactory import base_model, make_peft_adapter
+    from adapterfactory import int8_base_and_adapter
 
-    from edgepack.packager.adapters import pack_adapter
-    from edgepack.packager.convert import convert
-
-    root = tmp_path_factory.mktemp("one-call-lora")
-    base = root / "base-int8.epk"
-    convert(base_model(root), base, encoding="int8")
-    adapter = root / "adapter.epk"
-    pack_adapter(base, make_peft_adapter(root, "peft", seed=3).path, adapter)
+    base, adapter = int8_base_and_adapter(tmp_path_factory.mktemp("one-call-lora"))
     with rt.open(base, kernels="native", activations=activations, verify="none") as m:
         handle = m.load_adapter(adapter)
         calls = _count_layer_calls(m)
