@@ -432,7 +432,7 @@ class Model:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
         arena = self.arena.native_for(adapter)
-        layers = self.weights.layers
+        layers, kvs = self.weights.layers, self._layer_kvs()
 
         def ctx_of(lw: LayerWeights) -> LayerContext:
             return LayerContext(
@@ -445,7 +445,7 @@ class Model:
                 positions=positions,
                 block_table=table,
                 n_ctx=n_ctx,
-                kv=self.kv_pool.layer(lw.index),
+                kv=kvs[lw.index],
                 act_int8=self.act_int8,
                 inject_overflow=lw.index in inject,
                 activation=cfg.hidden_act,
@@ -461,7 +461,6 @@ class Model:
         one_call = self.one_call and teacher is None and collect is None and not inject
         if stack is not None and one_call:
             loras = None if adapter is None else adapter.layers
-            kvs = self._layer_kvs()
             res = stack(self.weights, x, ctx_of(layers[0]), kvs, cfg.windows, head, loras)
             if res is not None:
                 x, done, last = res

@@ -85,7 +85,6 @@ struct LayerArgs {
     bool act = false;
     const float* x = nullptr;
     float* out = nullptr;
-    int64_t max_rank = 0;  // 0: no adapter on this layer
 };
 
 // A layer call's buffers: each slot at its offset in the planned arena (ctx.arena), or,
@@ -134,7 +133,6 @@ struct Runner {
 
     // The linear apply() is running (its slots hold its dequantized and adapter inputs).
     int cur = 0;
-    static constexpr int kDown = 6;
     int lin_index(const Lin& l) const {
         const Lin* all[kLinears] = {&a.q, &a.k, &a.v, &a.o, &a.gate, &a.up, &a.down};
         for (int i = 0; i < kLinears; ++i) {
@@ -361,8 +359,9 @@ struct Runner {
             if (!input_for(a.down, sb, F, &di)) return Fallback::ffn_hidden;
         } else if (a.act && a.down.quantized) {
             const int64_t g = a.down.act_group;
-            int8_t* q = codes(slot_of(kDown, LinSlot::in_q8), T * F);
-            float* s = ar.get<float>(slot_of(kDown, LinSlot::in_s), T * (F / g));
+            const int down = lin_index(a.down);
+            int8_t* q = codes(slot_of(down, LinSlot::in_q8), T * F);
+            float* s = ar.get<float>(slot_of(down, LinSlot::in_s), T * (F / g));
             const Result r = swiglu_quant({gb, F}, {ub, F}, T, F, g, q, s);
             if (overflowed(r, s, T * (F / g))) return Fallback::ffn_hidden;
             di = Act{nullptr, q, s, g};
@@ -584,7 +583,6 @@ void bind_lora(const py::object& lora, LayerArgs& a, std::vector<py::object>& ke
             if (!std::isfinite(s)) bad_lora(slot, "scale times ctx.lora.scale must be finite");
             lin->lora_scale = static_cast<float>(s);
             lin->rank = r;
-            a.max_rank = std::max(a.max_rank, r);
             break;
         }
     }
@@ -863,7 +861,7 @@ Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
 
 // The whole forward of a chunk in one call.  Stack(layers, ctx, norm, eps, head) reads and
 // validates every layer's weights once (against ctx's heads; hidden size: norm's) and keeps
-// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head) -> (x,
+// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head, loras) -> (x,
 // done, reason, logits) reads only the call: ctx's call-wide fields once, each layer's KV
 // cache and window, then runs layer i on layer i-1's output, the final RMSNorm and the head
 // of the last row with the GIL released once.  done == len(layers): x is the final-normed
@@ -958,8 +956,8 @@ void bind_layer(py::module_& m) {
     py::dict reasons;
     for (const Fallback f : kFallbacks) reasons[py::int_(static_cast<int32_t>(f))] = fallback_reason(f);
     m.attr("FALLBACK_REASONS") = reasons;
-    m.attr("DECODER_LAYER_LORA") = true;
-    bind_layer_arena(m);  // reads ctx.lora (runtime_shim.adapters.LayerLora)
+    m.attr("DECODER_LAYER_LORA") = true;  // reads ctx.lora (runtime_shim.adapters.LayerLora)
+    bind_layer_arena(m);
     m.def("decoder_layer", &decoder_layer, py::arg("lw"), py::arg("x"), py::arg("ctx"),
           "One Llama decoder layer (runtime_shim LayerWeights / LayerContext) in one call: "
           "returns (x_out | None, fallback_reason | None).");
