@@ -124,63 +124,139 @@ inline void tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
     }
 }
 
-// tile_loop for the int8-activation GEMMs at 5 to 16 tokens (prompt lookup's verify
+// Tiles of the int8-activation GEMMs: f(integral_constant<TR>, integral_constant<NR>, t0,
+// n, rows) for TR tokens x NR rows of which the first `rows` exist (a row block's last
+// tile may be short; the kernels read its last row again in place of the missing ones and
+// store only the real rows).  Rows are visited in blocks of 16 so a block's weights stay
+// in L1 while the token tiles stream past.  Below 5 and above 16 tokens: tiles of 4 tokens
+// x NR4 rows, a 1-3 token tail with NR1 rows.  At 5 to 16 tokens (prompt lookup's verify
 // passes): one or two tiles of 4 to 8 tokens x NRS rows, each weight vector loaded once
 // per tile, never a 1-3 token tail that loads the weights again (the 1-token tail of a
-// 5- or 9-token pass cost almost as much as a whole decode step's GEMMs).  Same
-// arithmetic per output element as any other tile shape.
+// 5- or 9-token pass cost almost as much as a whole decode step's GEMMs).  Per output
+// element the arithmetic does not depend on the tile shape.
 template <int NRS, int NR4, int NR1, class F>
 inline void q8_tile_loop(int64_t T, int64_t n0, int64_t n1, F&& f) {
     using std::integral_constant;
-    if (T < 5 || T > 16) return tile_loop<NR4, NR1>(T, n0, n1, f);
-    auto rows = [&](auto tr, int64_t t0, int64_t nb, int64_t ne) {
-        int64_t n = nb;
-        for (; n + NRS <= ne; n += NRS) f(tr, integral_constant<int, NRS>(), t0, n);
-        for (; n < ne; ++n) f(tr, integral_constant<int, 1>(), t0, n);
+    auto rows = [&](auto tr, auto nr, int64_t t0, int64_t nb, int64_t ne) {
+        constexpr int64_t NR = decltype(nr)::value;
+        for (int64_t n = nb; n < ne; n += NR) f(tr, nr, t0, n, ne - n < NR ? ne - n : NR);
     };
     auto tile = [&](int64_t t0, int64_t nt, int64_t nb, int64_t ne) {
         switch (nt) {
-            case 4: rows(integral_constant<int, 4>(), t0, nb, ne); break;
-            case 5: rows(integral_constant<int, 5>(), t0, nb, ne); break;
-            case 6: rows(integral_constant<int, 6>(), t0, nb, ne); break;
-            case 7: rows(integral_constant<int, 7>(), t0, nb, ne); break;
-            default: rows(integral_constant<int, 8>(), t0, nb, ne); break;
+            case 1: rows(integral_constant<int, 1>(), integral_constant<int, NR1>(), t0, nb, ne); break;
+            case 2: rows(integral_constant<int, 2>(), integral_constant<int, NR1>(), t0, nb, ne); break;
+            case 3: rows(integral_constant<int, 3>(), integral_constant<int, NR1>(), t0, nb, ne); break;
+            case 4:
+                if (T < 5 || T > 16) {
+                    rows(integral_constant<int, 4>(), integral_constant<int, NR4>(), t0, nb, ne);
+                } else {
+                    rows(integral_constant<int, 4>(), integral_constant<int, NRS>(), t0, nb, ne);
+                }
+                break;
+            case 5: rows(integral_constant<int, 5>(), integral_constant<int, NRS>(), t0, nb, ne); break;
+            case 6: rows(integral_constant<int, 6>(), integral_constant<int, NRS>(), t0, nb, ne); break;
+            case 7: rows(integral_constant<int, 7>(), integral_constant<int, NRS>(), t0, nb, ne); break;
+            default: rows(integral_constant<int, 8>(), integral_constant<int, NRS>(), t0, nb, ne); break;
         }
     };
-    const int64_t first = T <= 8 ? T : (T + 1) / 2;
     for (int64_t nb = n0; nb < n1; nb += 16) {
         const int64_t ne = nb + 16 < n1 ? nb + 16 : n1;
-        tile(0, first, nb, ne);
-        if (first < T) tile(first, T - first, nb, ne);
+        if (T >= 5 && T <= 16) {
+            const int64_t first = T <= 8 ? T : (T + 1) / 2;
+            tile(0, first, nb, ne);
+            if (first < T) tile(first, T - first, nb, ne);
+            continue;
+        }
+        int64_t t = 0;
+        for (; t + 4 <= T; t += 4) tile(t, 4, nb, ne);
+        if (t < T) tile(t, T - t, nb, ne);
     }
 }
 
 inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 
-// _mm512_reduce_add_ps of a, b, c and d in lanes 0, 4, 8 and 12: the same additions of
-// the same pairs in the same order as GCC's reduction (lanes i + i+8, then i + i+4,
-// i + i+2, i + i+1), so the same bits, at a quarter of its shuffles (a GEMV's 4 rows).
-inline __m512 reduce_add4_ps(__m512 a, __m512 b, __m512 c, __m512 d) {
-    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
-                                   _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
-    const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)),
-                                   _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)));
-    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)),
-                                   _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)));
-    const __m512 w = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
+// The reference's block sums, exact, from the VNNI lane sums of 4 (row, token) pairs:
+// lane 4j+i of the result = the sum of the 4 int32 lanes of 128-bit lane j of argument i
+// (a 4x4 transposition per 128-bit lane with the adds folded in; integer sums are exact in
+// any order).
+inline __m512i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+    const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
 }
 
-// The horizontal sums of acc[r][t] (NR rows x TR tokens), as _mm512_reduce_add_ps gives them.
-template <int NR, int TR>
-inline void reduce_rows(const __m512 (&acc)[NR][TR], float (&sum)[NR][TR]) {
+// The same placement for per-block values replicated in each 128-bit lane (chunk_scales'
+// layout): lane 4j+i = lane 4j of argument i.
+inline __m512 rows4_ps(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m512d ab = _mm512_castps_pd(_mm512_unpacklo_ps(a, b)), cd = _mm512_castps_pd(_mm512_unpacklo_ps(c, d));
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(ab, cd));
+}
+
+// 128-bit lane j of v (j < 4).
+inline __m128 lane4(__m512 v, int j) {
+    switch (j) {
+        case 0: return _mm512_castps512_ps128(v);
+        case 1: return _mm512_extractf32x4_ps(v, 1);
+        case 2: return _mm512_extractf32x4_ps(v, 2);
+        default: return _mm512_extractf32x4_ps(v, 3);
+    }
+}
+inline __m128i lane4(__m512i v, int j) {
+    switch (j) {
+        case 0: return _mm512_castsi512_si128(v);
+        case 1: return _mm512_extracti32x4_epi32(v, 1);
+        case 2: return _mm512_extracti32x4_epi32(v, 2);
+        default: return _mm512_extracti32x4_epi32(v, 3);
+    }
+}
+
+// The reference's accumulation over the first nb (1..4) blocks of a chunk, one block per
+// 128-bit lane, 4 outputs per lane: acc = acc + p_j, then (asym) acc = acc + q_j, block by
+// block in order.  Separate adds: the same roundings as ref::q8_row.
+template <bool TWO>
+inline __m128 add_blocks(__m128 acc, __m512 p, __m512 q, int64_t nb) {
+    for (int j = 0; j < 4; ++j) {
+        if (j >= nb) break;
+        acc = _mm_add_ps(acc, lane4(p, j));
+        if (TWO) acc = _mm_add_ps(acc, lane4(q, j));
+    }
+    return acc;
+}
+
+// Blocks longer than 32 elements (B = min(activation group, weight group) = 32 * bpb): the
+// 32-block sums of a chunk's lanes (as hsum4_epi32 gives them) are added into `isum` until
+// a block ends, then acc = acc + sd_j * float(isum) (and the asym term, from `xsum` and
+// sm).  32-block i of the row is lane j of chunk i / 4; sd and sm are the same for every
+// 32-block of a block (the groups divide one another).
+template <bool ASYM>
+inline void add_long_blocks(__m128& acc, __m128i& isum, __m128i& xsum, __m512i s, __m512i xs, __m512 sd,
+                            __m512 sm, int64_t i0, int64_t nb, int64_t bpb) {
+    for (int j = 0; j < 4; ++j) {
+        if (j >= nb) break;
+        isum = _mm_add_epi32(isum, lane4(s, j));
+        if (ASYM) xsum = _mm_add_epi32(xsum, lane4(xs, j));
+        if ((i0 + j + 1) % bpb != 0) continue;
+        acc = _mm_add_ps(acc, _mm_mul_ps(lane4(sd, j), _mm_cvtepi32_ps(isum)));
+        if (ASYM) acc = _mm_add_ps(acc, _mm_mul_ps(lane4(sm, j), _mm_cvtepi32_ps(xsum)));
+        isum = _mm_setzero_si128();
+        xsum = _mm_setzero_si128();
+    }
+}
+
+// A finished tile: lane i of acc[t][g] is row 4g + i of token t (times row_scale[n] for
+// int8 weights, as the reference's last step).
+template <int TR, int NG>
+inline void store_rows(const __m128 (&acc)[TR][NG], const float* row_scale, int64_t t0, int64_t n0, int64_t rows,
+                       const GemmOut& out) {
     for (int t = 0; t < TR; ++t) {
-        if constexpr (NR == 4) {
-            alignas(64) float lanes[16];
-            _mm512_store_ps(lanes, reduce_add4_ps(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
-            for (int r = 0; r < 4; ++r) sum[r][t] = lanes[4 * r];
-        } else {
-            for (int r = 0; r < NR; ++r) sum[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+        for (int g = 0; g < NG; ++g) {
+            alignas(16) float v[4];
+            _mm_store_ps(v, acc[t][g]);
+            for (int i = 0; i < 4 && 4 * g + i < rows; ++i) {
+                const int64_t n = n0 + 4 * g + i;
+                const float y = row_scale != nullptr ? v[i] * row_scale[n] : v[i];
+                out.y[(t0 + t) * out.ldy + n] = finish(y, out, t0 + t, n);
+            }
         }
     }
 }
@@ -216,9 +292,11 @@ inline __m512 chunk_scales(const uint16_t* row, int64_t c, int64_t gw, int64_t K
 // Prep per token, per 128-element chunk (CB bytes):
 //   [0, 64)    x even elements: 16 per 32-block, 4 blocks
 //   [64, 128)  x odd elements
-//   [128, 192) sym: int32 lanes -8 * lane_sum(x); asym: float lanes lane_sum(x) * lane_scale
-//   [192, 256) grouped activations only: float lane scales (xs of the lane's 32-block)
-// A lane is 4 bytes of the even and 4 of the odd part, the same elements vpdpbusd sums.
+//   [128, 192) sym: int32 lanes -8 * lane_sum(x); asym: int32 sum(x) of 32-block j in each
+//              lane of 128-bit lane j
+//   [192, 256) grouped activations only: float scale xs of 32-block j in 128-bit lane j
+// A lane is 4 bytes of the even and 4 of the odd part, the same elements vpdpbusd sums, so
+// 128-bit lane j of a chunk's vectors is 32-block j.
 
 inline bool i4_ok(const WeightView& w, int64_t ga) {
     return w.K % 32 == 0 && w.group % 32 == 0 && ga % 32 == 0;
@@ -241,118 +319,162 @@ void i4_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
             for (int j = 0; j < 4; ++j) {
                 const int64_t e = 128 * c + 32 * j;
                 __m128i ev = _mm_setzero_si128(), od = _mm_setzero_si128();
-                float ls = 0.0f;
                 if (e < K) {
                     __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + e)), deint);
                     v = _mm256_permute4x64_epi64(v, _MM_SHUFFLE(3, 1, 2, 0));
                     ev = _mm256_castsi256_si128(v);
                     od = _mm256_extracti128_si256(v, 1);
-                    ls = grouped ? s[e / ga] : 1.0f;
                 }
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), ev);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 64 + 16 * j), od);
                 __m128i sum = _mm_dpbusd_epi32(_mm_setzero_si128(), ones, ev);
                 sum = _mm_dpbusd_epi32(sum, ones, od);
                 if (asym) {
-                    _mm_storeu_ps(reinterpret_cast<float*>(pc + 128 + 16 * j),
-                                  _mm_mul_ps(_mm_cvtepi32_ps(sum), _mm_set1_ps(ls)));
+                    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+                    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
                 } else {
-                    _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j),
-                                     _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 3)));
+                    sum = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 3));
                 }
-                if (grouped) _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? ls : 0.0f));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j), sum);
+                if (grouped) _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
             }
         }
     }
 }
 
-template <int TR, int NR, bool ASYM, bool GROUPED>
-inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
-    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = w.group == 32 ? K / 32 : K / w.group;
-    const int64_t CB = i4_chunk_bytes(K, x.group);
+// The scales of 4 rows in block-major, row-minor lanes (lane 4j+i: row i, block j) from the
+// rows' 16-block registers: idx picks within (s[0], s[1]) for rows 0 and 1, within
+// (s[2], s[3]) for rows 2 and 3.
+inline __m512 pick_rows4(const __m512* s, __m512i idx) {
+    return _mm512_mask_blend_ps(0xCCCC, _mm512_permutex2var_ps(s[0], idx, s[1]), _mm512_permutex2var_ps(s[2], idx, s[3]));
+}
+
+// One tile: TR tokens x NR rows (NR a multiple of 4; rows past `rows` repeat the last real
+// one).  Per chunk and (row, token), vpdpbusd leaves a 32-block's sum spread over the 4
+// int32 lanes of its 128-bit lane; hsum4_epi32 makes them exact block sums of 4 rows, one
+// row per lane, and the reference's float steps follow block by block:
+// acc = acc + (s * d) * float(isum), asym then acc = acc + (s * m) * float(xsum).
+template <int TR, int NR, bool ASYM, bool GROUPED, bool B32>
+inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
+                      const GemmOut& out) {
+    constexpr int NG = NR / 4;
+    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = K / w.group;
+    const int64_t CB = i4_chunk_bytes(K, x.group), bpb = (x.group < w.group ? x.group : w.group) / 32;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const uint8_t* codes[NR];
     const uint16_t* srow[NR];
     const uint16_t* zrow[NR];
     for (int r = 0; r < NR; ++r) {
-        codes[r] = static_cast<const uint8_t*>(w.codes) + (n0 + r) * (K / 2);
-        srow[r] = w.scales_f16 + (n0 + r) * G;
-        zrow[r] = ASYM ? w.zeros_f16 + (n0 + r) * G : nullptr;
-    }
-    __m512 acc[NR][TR];
-    for (int r = 0; r < NR; ++r) {
-        for (int t = 0; t < TR; ++t) acc[r][t] = _mm512_setzero_ps();
+        const int64_t n = n0 + (r < rows ? r : rows - 1);
+        codes[r] = static_cast<const uint8_t*>(w.codes) + n * (K / 2);
+        srow[r] = w.scales_f16 + n * G;
+        zrow[r] = ASYM ? w.zeros_f16 + n * G : nullptr;
         _mm_prefetch(reinterpret_cast<const char*>(srow[r] + PF_TILES * NR * G), _MM_HINT_T0);
         if (ASYM) _mm_prefetch(reinterpret_cast<const char*>(zrow[r] + PF_TILES * NR * G), _MM_HINT_T0);
     }
+    __m128 acc[TR][NG];
+    __m128i isum[TR][NG], xsum[TR][NG];  // blocks longer than 32: the open block's sums
+    __m512 xs1[TR];                       // ungrouped activations: the token's one scale
     const uint8_t* pt[TR];
-    for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
-    // Group 32: the scales of 4 chunks (16 blocks) converted at once, each chunk's 4 then
-    // spread from the register (the same values chunk_scales gives, zero past K).
+    for (int t = 0; t < TR; ++t) {
+        pt[t] = x.prep + (t0 + t) * x.prep_stride;
+        xs1[t] = _mm512_set1_ps(x.s[t0 + t]);
+        for (int g = 0; g < NG; ++g) {
+            acc[t][g] = _mm_setzero_ps();
+            isum[t][g] = xsum[t][g] = _mm_setzero_si128();
+        }
+    }
+    // Group 32: the scales of 4 chunks (16 blocks) converted at once per row, each chunk's
+    // 4 x 4 then picked into lanes (the same values chunk_scales gives, zero past K).
     const bool g32 = w.group == 32;
-    const __m512i spread0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 s16[NR];
+    const __m512i pick0 = _mm512_set_epi32(19, 3, 19, 3, 18, 2, 18, 2, 17, 1, 17, 1, 16, 0, 16, 0);
+    __m512 s16[NR], z16[NR];
     for (int64_t c = 0; c < NC; ++c) {
-        __m512i lo[NR], hi[NR];
-        __m512 dv[NR], mv[NR];
         if (g32 && c % 4 == 0) {
             const int64_t left = G - 4 * c;
             const __mmask16 sm = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1u);
-            for (int r = 0; r < NR; ++r) s16[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, srow[r] + 4 * c));
+            for (int r = 0; r < NR; ++r) {
+                s16[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, srow[r] + 4 * c));
+                if (ASYM) z16[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, zrow[r] + 4 * c));
+            }
         }
-        const __m512i spread = _mm512_add_epi32(spread0, _mm512_set1_epi32(static_cast<int>(4 * (c % 4))));
+        __m512 dv[NG], mv[NG];  // lane 4j+i: scale (zero point) of 32-block j of row 4g+i
+        if (g32) {
+            const __m512i pick = _mm512_add_epi32(pick0, _mm512_set1_epi32(static_cast<int>(4 * (c % 4))));
+            for (int g = 0; g < NG; ++g) {
+                dv[g] = pick_rows4(s16 + 4 * g, pick);
+                if (ASYM) mv[g] = pick_rows4(z16 + 4 * g, pick);
+            }
+        } else {
+            auto rows4 = [&](const uint16_t* const* p) {
+                return rows4_ps(chunk_scales(p[0], c, w.group, K), chunk_scales(p[1], c, w.group, K),
+                                chunk_scales(p[2], c, w.group, K), chunk_scales(p[3], c, w.group, K));
+            };
+            for (int g = 0; g < NG; ++g) {
+                dv[g] = rows4(srow + 4 * g);
+                if (ASYM) mv[g] = rows4(zrow + 4 * g);
+            }
+        }
         const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
+        __m512i lo[NR], hi[NR];
         for (int r = 0; r < NR; ++r) {
             // rows are contiguous: the same line PF_TILES tiles further down the matrix
             _mm_prefetch(reinterpret_cast<const char*>(codes[r] + 64 * c + PF_TILES * NR * (K / 2)), _MM_HINT_T0);
             const __m512i v = c < full ? ld512(codes[r] + 64 * c) : _mm512_maskz_loadu_epi8(km, codes[r] + 64 * c);
             lo[r] = _mm512_and_si512(v, m4);
             hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            dv[r] = g32 ? _mm512_permutexvar_ps(spread, s16[r]) : chunk_scales(srow[r], c, w.group, K);
-            if (ASYM) mv[r] = chunk_scales(zrow[r], c, w.group, K);
         }
+        const int64_t nb = c < full ? 4 : (K - 128 * c) / 32;
         for (int t = 0; t < TR; ++t) {
             const uint8_t* pc = pt[t] + c * CB;
             const __m512i xa = ld512(pc), xb = ld512(pc + 64);
             const __m512i corr = ASYM ? _mm512_setzero_si512() : ld512(pc + 128);
-            __m512 xsl, xsum;
-            if (GROUPED) xsl = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192));
-            if (ASYM) xsum = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 128));
-            for (int r = 0; r < NR; ++r) {
-                __m512i ci = _mm512_dpbusd_epi32(corr, lo[r], xa);
-                ci = _mm512_dpbusd_epi32(ci, hi[r], xb);
-                const __m512 f = _mm512_cvtepi32_ps(ci);
-                acc[r][t] = _mm512_fmadd_ps(f, GROUPED ? _mm512_mul_ps(dv[r], xsl) : dv[r], acc[r][t]);
-                if (ASYM) acc[r][t] = _mm512_fmadd_ps(mv[r], xsum, acc[r][t]);
+            const __m512i xsi = ASYM ? ld512(pc + 128) : _mm512_setzero_si512();
+            const __m512 s = GROUPED ? _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192)) : xs1[t];
+            for (int g = 0; g < NG; ++g) {
+                __m512i ci[4];
+                for (int i = 0; i < 4; ++i) {
+                    ci[i] = _mm512_dpbusd_epi32(corr, lo[4 * g + i], xa);
+                    ci[i] = _mm512_dpbusd_epi32(ci[i], hi[4 * g + i], xb);
+                }
+                const __m512i bs = hsum4_epi32(ci[0], ci[1], ci[2], ci[3]);
+                const __m512 sd = _mm512_mul_ps(s, dv[g]);
+                const __m512 sm = ASYM ? _mm512_mul_ps(s, mv[g]) : sd;
+                if (B32) {
+                    const __m512 p = _mm512_mul_ps(sd, _mm512_cvtepi32_ps(bs));
+                    const __m512 q = ASYM ? _mm512_mul_ps(sm, _mm512_cvtepi32_ps(xsi)) : p;
+                    acc[t][g] = add_blocks<ASYM>(acc[t][g], p, q, nb);
+                } else {
+                    add_long_blocks<ASYM>(acc[t][g], isum[t][g], xsum[t][g], bs, xsi, sd, sm, 4 * c, nb, bpb);
+                }
             }
         }
     }
-    float sum[NR][TR];
-    reduce_rows(acc, sum);
-    for (int r = 0; r < NR; ++r) {
-        for (int t = 0; t < TR; ++t) {
-            float v = sum[r][t];
-            if (!GROUPED) v = v * x.s[t0 + t];
-            out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
-        }
-    }
+    store_rows(acc, nullptr, t0, n0, rows, out);
+}
+
+template <bool ASYM, bool GROUPED, bool B32>
+void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, B32>(w, x, t0, n, rows, out);
+    });
 }
 
 template <bool ASYM, bool GROUPED>
 void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    q8_tile_loop<2, 2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
-        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED>(w, x, t0, n, out);
-    });
+    const bool b32 = x.group == 32 || w.group == 32;
+    return b32 ? i4_gemm<ASYM, GROUPED, true>(w, x, n0, n1, out) : i4_gemm<ASYM, GROUPED, false>(w, x, n0, n1, out);
 }
 
 // ---- int8-activation GEMM: int8 weights --------------------------------------------------
 // Prep per token: per-token activations: one int32 vector holding -128 * sum(x) (64 B);
-// grouped: per 64-element chunk, int32 lanes -128 * lane_sum(x) and float lane scales.
+// grouped: per 128-element chunk (192 B), int32 lanes -128 * lane_sum(x) of its first and
+// of its second 64 elements, then the float scale xs of 32-block j in 128-bit lane j.
 
 inline bool i8_ok(const WeightView& w, int64_t ga) { return w.K % 32 == 0 && ga % 32 == 0; }
 
 void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
-    const int64_t K = x.K, ga = x.group, NC = (K + 63) / 64;
+    const int64_t K = x.K, ga = x.group, NC = (K + 127) / 128;
     const __m128i ones = _mm_set1_epi8(1);
     for (int64_t t = t0; t < t1; ++t) {
         const int8_t* q = x.q + t * K;
@@ -370,70 +492,115 @@ void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
             continue;
         }
         for (int64_t c = 0; c < NC; ++c) {
-            uint8_t* pc = base + c * 128;
-            for (int j = 0; j < 4; ++j) {
-                const int64_t e = 64 * c + 16 * j;
+            uint8_t* pc = base + c * 192;
+            for (int j = 0; j < 8; ++j) {
+                const int64_t e = 128 * c + 16 * j;
                 __m128i corr = _mm_setzero_si128();
-                float ls = 0.0f;
                 if (e < K) {
                     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
                     const __m128i sum = _mm_dpbusd_epi32(_mm_setzero_si128(), ones, v);
                     corr = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7));
-                    ls = s[e / ga];
                 }
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), corr);
-                _mm_storeu_ps(reinterpret_cast<float*>(pc + 64 + 16 * j), _mm_set1_ps(ls));
+            }
+            for (int j = 0; j < 4; ++j) {
+                const int64_t e = 128 * c + 32 * j;
+                _mm_storeu_ps(reinterpret_cast<float*>(pc + 128 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
             }
         }
     }
 }
 
-template <int TR, int NR, bool GROUPED>
-inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
-    const int64_t K = w.K, NC = (K + 63) / 64, full = K / 64;
+// Grouped activations, one tile of TR tokens x NR rows (as i4_kernel): per 128-element
+// chunk and (row, token), two vpdpbusd over its halves; hsum4_epi32 and one 128-bit lane
+// shuffle give the exact 32-block sums of 4 rows, then acc = acc + xs * float(isum) block
+// by block and finally acc * w_scale, as the reference.
+template <int TR, int NR, bool B32>
+inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
+                       const GemmOut& out) {
+    constexpr int NG = NR / 4;
+    const int64_t K = w.K, NC = (K + 127) / 128, bpb = x.group / 32;
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    __m512i ai[NR][TR];
-    __m512 af[NR][TR];
-    for (int r = 0; r < NR; ++r) {
+    const int8_t* codes[NR];
+    for (int r = 0; r < NR; ++r) codes[r] = static_cast<const int8_t*>(w.codes) + (n0 + (r < rows ? r : rows - 1)) * K;
+    __m128 acc[TR][NG];
+    __m128i isum[TR][NG], unused = _mm_setzero_si128();  // blocks longer than 32: the open block's sums
+    for (int t = 0; t < TR; ++t) {
+        for (int g = 0; g < NG; ++g) {
+            acc[t][g] = _mm_setzero_ps();
+            isum[t][g] = _mm_setzero_si128();
+        }
+    }
+    for (int64_t c = 0; c < NC; ++c) {
+        const int64_t e = 128 * c, left = K - e;
+        const __mmask64 ka = left >= 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
+        const __mmask64 kb = left >= 128 ? ~__mmask64{0} : left > 64 ? (uint64_t{1} << (left - 64)) - 1 : 0;
+        __m512i ua[NR], ub[NR];
+        for (int r = 0; r < NR; ++r) {
+            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + PF_TILES * NR * K), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + 64 + PF_TILES * NR * K), _MM_HINT_T0);
+            ua[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + e), flip);
+            ub[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(kb, codes[r] + e + 64), flip);
+        }
+        // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
+        const int64_t nb = left >= 128 ? 4 : left / 32;
         for (int t = 0; t < TR; ++t) {
-            if (GROUPED) {
-                af[r][t] = _mm512_setzero_ps();
-            } else {
-                ai[r][t] = ld512(x.prep + (t0 + t) * x.prep_stride);
+            const int8_t* q = x.q + (t0 + t) * K + e;
+            const __m512i xa = _mm512_maskz_loadu_epi8(ka, q), xb = _mm512_maskz_loadu_epi8(kb, q + 64);
+            const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 192;
+            const __m512i ca = ld512(pc), cb = ld512(pc + 64);
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 128));
+            for (int g = 0; g < NG; ++g) {
+                __m512i a[4], b[4];
+                for (int i = 0; i < 4; ++i) {
+                    a[i] = _mm512_dpbusd_epi32(ca, ua[4 * g + i], xa);
+                    b[i] = _mm512_dpbusd_epi32(cb, ub[4 * g + i], xb);
+                }
+                // 128-bit lane j of ha / hb: 16 elements, j = 0, 1 of the half's first 32-block
+                const __m512i ha = hsum4_epi32(a[0], a[1], a[2], a[3]), hb = hsum4_epi32(b[0], b[1], b[2], b[3]);
+                const __m512i bs = _mm512_add_epi32(_mm512_shuffle_i32x4(ha, hb, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                    _mm512_shuffle_i32x4(ha, hb, _MM_SHUFFLE(3, 1, 3, 1)));
+                if (B32) {
+                    const __m512 p = _mm512_mul_ps(s, _mm512_cvtepi32_ps(bs));
+                    acc[t][g] = add_blocks<false>(acc[t][g], p, p, nb);
+                } else {
+                    add_long_blocks<false>(acc[t][g], isum[t][g], unused, bs, bs, s, s, 4 * c, nb, bpb);
+                }
             }
         }
     }
-    const int8_t* codes = static_cast<const int8_t*>(w.codes) + n0 * K;
+    store_rows(acc, w.scales_f32, t0, n0, rows, out);
+}
+
+// Per-token activations: one exact int32 sum per row, (xs * float(isum)) * w_scale.
+template <int TR, int NR>
+inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
+                      const GemmOut& out) {
+    const int64_t K = w.K, NC = (K + 63) / 64, full = K / 64;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int8_t* codes[NR];
+    for (int r = 0; r < NR; ++r) codes[r] = static_cast<const int8_t*>(w.codes) + (n0 + (r < rows ? r : rows - 1)) * K;
+    __m512i ai[NR][TR];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < TR; ++t) ai[r][t] = ld512(x.prep + (t0 + t) * x.prep_stride);
+    }
     for (int64_t c = 0; c < NC; ++c) {
         const __mmask64 k = c < full ? ~__mmask64{0} : (uint64_t{1} << (K - 64 * c)) - 1;
         __m512i u[NR];
         for (int r = 0; r < NR; ++r) {
-            _mm_prefetch(reinterpret_cast<const char*>(codes + r * K + 64 * c + PF_TILES * NR * K), _MM_HINT_T0);
-            u[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, codes + r * K + 64 * c), flip);
+            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + 64 * c + PF_TILES * NR * K), _MM_HINT_T0);
+            u[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(k, codes[r] + 64 * c), flip);
         }
         for (int t = 0; t < TR; ++t) {
             const __m512i xv = _mm512_maskz_loadu_epi8(k, x.q + (t0 + t) * K + 64 * c);
-            if (GROUPED) {
-                const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 128;
-                const __m512i corr = ld512(pc);
-                const __m512 xsl = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 64));
-                for (int r = 0; r < NR; ++r) {
-                    const __m512i ci = _mm512_dpbusd_epi32(corr, u[r], xv);
-                    af[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci), xsl, af[r][t]);
-                }
-            } else {
-                for (int r = 0; r < NR; ++r) ai[r][t] = _mm512_dpbusd_epi32(ai[r][t], u[r], xv);
-            }
+            for (int r = 0; r < NR; ++r) ai[r][t] = _mm512_dpbusd_epi32(ai[r][t], u[r], xv);
         }
     }
     // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
-    float sum[NR][TR];
-    if (GROUPED) reduce_rows(af, sum);
-    for (int r = 0; r < NR; ++r) {
+    for (int r = 0; r < rows; ++r) {
         const float ws = w.scales_f32[n0 + r];
         for (int t = 0; t < TR; ++t) {
-            const float v = GROUPED ? sum[r][t] * ws
-                                    : (x.s[t0 + t] * static_cast<float>(_mm512_reduce_add_epi32(ai[r][t]))) * ws;
+            const float v = (x.s[t0 + t] * static_cast<float>(_mm512_reduce_add_epi32(ai[r][t]))) * ws;
             out.y[(t0 + t) * out.ldy + n0 + r] = finish(v, out, t0 + t, n0 + r);
         }
     }
@@ -441,15 +608,25 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 
 template <bool GROUPED>
 void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    q8_tile_loop<2, 2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n) {
-        i8_kernel<decltype(tr)::value, decltype(nr)::value, GROUPED>(w, x, t0, n, out);
+    if (!GROUPED) {
+        return q8_tile_loop<2, 2, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+            i8_kernel<decltype(tr)::value, decltype(nr)::value>(w, x, t0, n, rows, out);
+        });
+    }
+    if (x.group == 32) {
+        return q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+            i8g_kernel<decltype(tr)::value, decltype(nr)::value, true>(w, x, t0, n, rows, out);
+        });
+    }
+    q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+        i8g_kernel<decltype(tr)::value, decltype(nr)::value, false>(w, x, t0, n, rows, out);
     });
 }
 
 int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
     if (w.enc == WEnc::i8) {
         if (!i8_ok(w, ga)) return 0;
-        return ga == w.K ? 64 : (w.K + 63) / 64 * 128;
+        return ga == w.K ? 64 : (w.K + 127) / 128 * 192;
     }
     if (!i4_ok(w, ga)) return 0;
     return (w.K + 127) / 128 * i4_chunk_bytes(w.K, ga);
