@@ -468,8 +468,9 @@ void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
 
 // ---- int8-activation GEMM: int8 weights --------------------------------------------------
 // Prep per token: per-token activations: one int32 vector holding -128 * sum(x) (64 B);
-// grouped: per 128-element chunk (192 B), int32 lanes -128 * lane_sum(x) of its first and
-// of its second 64 elements, then the float scale xs of 32-block j in 128-bit lane j.
+// grouped: per 128-element chunk (256 B), 128-bit lane j holding 32-block j:
+//   [0, 64) its first 16 elements, [64, 128) its last 16, [128, 192) int32 lanes
+//   -128 * lane_sum(x) of both, [192, 256) the float scale xs of 32-block j.
 
 inline bool i8_ok(const WeightView& w, int64_t ga) { return w.K % 32 == 0 && ga % 32 == 0; }
 
@@ -492,29 +493,31 @@ void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
             continue;
         }
         for (int64_t c = 0; c < NC; ++c) {
-            uint8_t* pc = base + c * 192;
-            for (int j = 0; j < 8; ++j) {
-                const int64_t e = 128 * c + 16 * j;
-                __m128i corr = _mm_setzero_si128();
-                if (e < K) {
-                    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
-                    const __m128i sum = _mm_dpbusd_epi32(_mm_setzero_si128(), ones, v);
-                    corr = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7));
-                }
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), corr);
-            }
+            uint8_t* pc = base + c * 256;
             for (int j = 0; j < 4; ++j) {
                 const int64_t e = 128 * c + 32 * j;
-                _mm_storeu_ps(reinterpret_cast<float*>(pc + 128 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
+                __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+                if (e < K) {
+                    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
+                    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e + 16));
+                }
+                const __m128i sum = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), ones, lo), ones, hi);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), lo);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 64 + 16 * j), hi);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j),
+                                 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7)));
+                _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
             }
         }
     }
 }
 
-// Grouped activations, one tile of TR tokens x NR rows (as i4_kernel): per 128-element
-// chunk and (row, token), two vpdpbusd over its halves; hsum4_epi32 and one 128-bit lane
-// shuffle give the exact 32-block sums of 4 rows, then acc = acc + xs * float(isum) block
-// by block and finally acc * w_scale, as the reference.
+// Grouped activations, one tile of TR tokens x NR rows (as i4_kernel).  Per 128-element
+// chunk and row, two 128-bit lane shuffles put the first 16 weights of each 32-block in
+// one vector and the last 16 in another (the prep laid the activations out alike), so two
+// vpdpbusd leave 32-block j in 128-bit lane j as for int4; hsum4_epi32 gives the exact sums
+// of 4 rows, then acc = acc + xs * float(isum) block by block and finally acc * w_scale, as
+// the reference.
 template <int TR, int NR, bool B32>
 inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
                        const GemmOut& out) {
@@ -539,27 +542,24 @@ inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t 
         for (int r = 0; r < NR; ++r) {
             _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + PF_TILES * NR * K), _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + 64 + PF_TILES * NR * K), _MM_HINT_T0);
-            ua[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + e), flip);
-            ub[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(kb, codes[r] + e + 64), flip);
+            const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + e), flip);
+            const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(kb, codes[r] + e + 64), flip);
+            ua[r] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+            ub[r] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1));
         }
         // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
         const int64_t nb = left >= 128 ? 4 : left / 32;
         for (int t = 0; t < TR; ++t) {
-            const int8_t* q = x.q + (t0 + t) * K + e;
-            const __m512i xa = _mm512_maskz_loadu_epi8(ka, q), xb = _mm512_maskz_loadu_epi8(kb, q + 64);
-            const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 192;
-            const __m512i ca = ld512(pc), cb = ld512(pc + 64);
-            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 128));
+            const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 256;
+            const __m512i xa = ld512(pc), xb = ld512(pc + 64), corr = ld512(pc + 128);
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192));
             for (int g = 0; g < NG; ++g) {
-                __m512i a[4], b[4];
+                __m512i ci[4];
                 for (int i = 0; i < 4; ++i) {
-                    a[i] = _mm512_dpbusd_epi32(ca, ua[4 * g + i], xa);
-                    b[i] = _mm512_dpbusd_epi32(cb, ub[4 * g + i], xb);
+                    ci[i] = _mm512_dpbusd_epi32(corr, ua[4 * g + i], xa);
+                    ci[i] = _mm512_dpbusd_epi32(ci[i], ub[4 * g + i], xb);
                 }
-                // 128-bit lane j of ha / hb: 16 elements, j = 0, 1 of the half's first 32-block
-                const __m512i ha = hsum4_epi32(a[0], a[1], a[2], a[3]), hb = hsum4_epi32(b[0], b[1], b[2], b[3]);
-                const __m512i bs = _mm512_add_epi32(_mm512_shuffle_i32x4(ha, hb, _MM_SHUFFLE(2, 0, 2, 0)),
-                                                    _mm512_shuffle_i32x4(ha, hb, _MM_SHUFFLE(3, 1, 3, 1)));
+                const __m512i bs = hsum4_epi32(ci[0], ci[1], ci[2], ci[3]);
                 if (B32) {
                     const __m512 p = _mm512_mul_ps(s, _mm512_cvtepi32_ps(bs));
                     acc[t][g] = add_blocks<false>(acc[t][g], p, p, nb);
@@ -626,7 +626,7 @@ void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
 int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
     if (w.enc == WEnc::i8) {
         if (!i8_ok(w, ga)) return 0;
-        return ga == w.K ? 64 : (w.K + 127) / 128 * 192;
+        return ga == w.K ? 64 : (w.K + 127) / 128 * 256;
     }
     if (!i4_ok(w, ga)) return 0;
     return (w.K + 127) / 128 * i4_chunk_bytes(w.K, ga);
