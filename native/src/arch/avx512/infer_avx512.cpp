@@ -522,7 +522,7 @@ template <int TR, int NR, bool B32>
 inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
                        const GemmOut& out) {
     constexpr int NG = NR / 4;
-    const int64_t K = w.K, NC = (K + 127) / 128, bpb = x.group / 32;
+    const int64_t K = w.K, bpb = x.group / 32;
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const int8_t* codes[NR];
     for (int r = 0; r < NR; ++r) codes[r] = static_cast<const int8_t*>(w.codes) + (n0 + (r < rows ? r : rows - 1)) * K;
@@ -534,23 +534,30 @@ inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t 
             isum[t][g] = _mm_setzero_si128();
         }
     }
-    for (int64_t c = 0; c < NC; ++c) {
-        const int64_t e = 128 * c, left = K - e;
-        const __mmask64 ka = left >= 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
-        const __mmask64 kb = left >= 128 ? ~__mmask64{0} : left > 64 ? (uint64_t{1} << (left - 64)) - 1 : 0;
+    const uint8_t* pt[TR];
+    for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
+    auto add = [&](int t, int g, __m512i bs, __m512 s, int64_t c, int64_t nb) {
+        if (B32) {
+            const __m512 p = _mm512_mul_ps(s, _mm512_cvtepi32_ps(bs));
+            acc[t][g] = add_blocks<false>(acc[t][g], p, p, nb);
+        } else {
+            add_long_blocks<false>(acc[t][g], isum[t][g], unused, bs, bs, s, s, 4 * c, nb, bpb);
+        }
+    };
+    // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
+    auto chunk = [&](int64_t c, __mmask64 ka, __mmask64 kb, int64_t nb) __attribute__((always_inline)) {
         __m512i ua[NR], ub[NR];
         for (int r = 0; r < NR; ++r) {
-            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + PF_TILES * NR * K), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + e + 64 + PF_TILES * NR * K), _MM_HINT_T0);
-            const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + e), flip);
-            const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(kb, codes[r] + e + 64), flip);
+            const int8_t* p = codes[r] + 128 * c;
+            _mm_prefetch(reinterpret_cast<const char*>(p + PF_TILES * NR * K), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p + 64 + PF_TILES * NR * K), _MM_HINT_T0);
+            const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, p), flip);
+            const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(kb, p + 64), flip);
             ua[r] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0));
             ub[r] = _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1));
         }
-        // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
-        const int64_t nb = left >= 128 ? 4 : left / 32;
         for (int t = 0; t < TR; ++t) {
-            const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * 256;
+            const uint8_t* pc = pt[t] + c * 256;
             const __m512i xa = ld512(pc), xb = ld512(pc + 64), corr = ld512(pc + 128);
             const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192));
             for (int g = 0; g < NG; ++g) {
@@ -559,15 +566,37 @@ inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t 
                     ci[i] = _mm512_dpbusd_epi32(corr, ua[4 * g + i], xa);
                     ci[i] = _mm512_dpbusd_epi32(ci[i], ub[4 * g + i], xb);
                 }
-                const __m512i bs = hsum4_epi32(ci[0], ci[1], ci[2], ci[3]);
-                if (B32) {
-                    const __m512 p = _mm512_mul_ps(s, _mm512_cvtepi32_ps(bs));
-                    acc[t][g] = add_blocks<false>(acc[t][g], p, p, nb);
-                } else {
-                    add_long_blocks<false>(acc[t][g], isum[t][g], unused, bs, bs, s, s, 4 * c, nb, bpb);
-                }
+                add(t, g, hsum4_epi32(ci[0], ci[1], ci[2], ci[3]), s, c, nb);
             }
         }
+    };
+    // A last chunk of 32 or 64 elements (K = 576): one vector per row, its halves of the
+    // 2 blocks in 128-bit lanes (0, 2) and (1, 3), the activations picked alike.
+    auto half = [&](int64_t c, __mmask64 ka, int64_t nb) {
+        __m512i u[NR];
+        for (int r = 0; r < NR; ++r) {
+            const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + 128 * c), flip);
+            u[r] = _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(3, 1, 2, 0));
+        }
+        for (int t = 0; t < TR; ++t) {
+            const uint8_t* pc = pt[t] + c * 256;
+            const __m512i xv = _mm512_shuffle_i32x4(ld512(pc), ld512(pc + 64), _MM_SHUFFLE(1, 0, 1, 0));
+            const __m512i corr = ld512(pc + 128);
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(pc + 192));
+            for (int g = 0; g < NG; ++g) {
+                __m512i ci[4];
+                for (int i = 0; i < 4; ++i) ci[i] = _mm512_dpbusd_epi32(corr, u[4 * g + i], xv);
+                const __m512i h = hsum4_epi32(ci[0], ci[1], ci[2], ci[3]);
+                add(t, g, _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, _MM_SHUFFLE(1, 0, 3, 2))), s, c, nb);
+            }
+        }
+    };
+    const int64_t full = K / 128, left = K - 128 * full;
+    for (int64_t c = 0; c < full; ++c) chunk(c, ~__mmask64{0}, ~__mmask64{0}, 4);
+    if (left > 64) {
+        chunk(full, ~__mmask64{0}, (uint64_t{1} << (left - 64)) - 1, left / 32);
+    } else if (left > 0) {
+        half(full, left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1, left / 32);
     }
     store_rows(acc, w.scales_f32, t0, n0, rows, out);
 }
