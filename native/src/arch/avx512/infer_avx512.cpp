@@ -243,6 +243,57 @@ inline void add_long_blocks(__m128& acc, __m128i& isum, __m128i& xsum, __m512i s
     }
 }
 
+// How a kernel meets the reference's blocks of B = min(activation group, weight group)
+// elements: one per 32-block (B = 32), pairs of 32-blocks summed in int32 first (B = 64),
+// whole chunks summed in int32 and carried to the block's end (B a multiple of 128), or
+// one 32-block at a time (any other B: add_long_blocks).
+enum class Blocks { b32, b64, b128k, other };
+
+inline Blocks blocks_of(int64_t ga, int64_t gw) {
+    const int64_t B = ga < gw ? ga : gw;
+    return B == 32 ? Blocks::b32 : B == 64 ? Blocks::b64 : B % 128 == 0 ? Blocks::b128k : Blocks::other;
+}
+
+// The reference's steps for one chunk of 4 rows: s = the exact 32-block sums (hsum4_epi32),
+// xs = asym's per-32-block sum(x), sd / sm = s * d and s * m per 32-block lane; the chunk
+// holds nb 32-blocks starting at 32-block 4c.
+template <Blocks BL, bool ASYM>
+inline void add_chunk(__m128& acc, __m128i& isum, __m128i& xsum, __m512i s, __m512i xs, __m512 sd, __m512 sm,
+                      int64_t c, int64_t nb, int64_t bpb) {
+    if (BL == Blocks::other) return add_long_blocks<ASYM>(acc, isum, xsum, s, xs, sd, sm, 4 * c, nb, bpb);
+    if (BL != Blocks::b32) {  // lanes 2k and 2k+1 summed into both
+        s = _mm512_add_epi32(s, _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+        if (ASYM) xs = _mm512_add_epi32(xs, _mm512_shuffle_i32x4(xs, xs, _MM_SHUFFLE(2, 3, 0, 1)));
+    }
+    if (BL == Blocks::b128k) {  // all four lanes: the chunk's sum, carried to the block's end
+        s = _mm512_add_epi32(s, _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(1, 0, 3, 2)));
+        isum = _mm_add_epi32(isum, _mm512_castsi512_si128(s));
+        if (ASYM) {
+            xs = _mm512_add_epi32(xs, _mm512_shuffle_i32x4(xs, xs, _MM_SHUFFLE(1, 0, 3, 2)));
+            xsum = _mm_add_epi32(xsum, _mm512_castsi512_si128(xs));
+        }
+        if (4 * (c + 1) % bpb != 0) return;
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm512_castps512_ps128(sd), _mm_cvtepi32_ps(isum)));
+        if (ASYM) acc = _mm_add_ps(acc, _mm_mul_ps(_mm512_castps512_ps128(sm), _mm_cvtepi32_ps(xsum)));
+        isum = _mm_setzero_si128();
+        xsum = _mm_setzero_si128();
+        return;
+    }
+    const __m512 p = _mm512_mul_ps(sd, _mm512_cvtepi32_ps(s));
+    const __m512 q = ASYM ? _mm512_mul_ps(sm, _mm512_cvtepi32_ps(xs)) : p;
+    if (BL == Blocks::b32) {
+        acc = add_blocks<ASYM>(acc, p, q, nb);
+        return;
+    }
+    // b64: the blocks are lanes 0 and 2 (sd is the same in both lanes of a block)
+    acc = _mm_add_ps(acc, lane4(p, 0));
+    if (ASYM) acc = _mm_add_ps(acc, lane4(q, 0));
+    if (nb > 2) {
+        acc = _mm_add_ps(acc, lane4(p, 2));
+        if (ASYM) acc = _mm_add_ps(acc, lane4(q, 2));
+    }
+}
+
 // A finished tile: lane i of acc[t][g] is row 4g + i of token t (times row_scale[n] for
 // int8 weights, as the reference's last step).
 template <int TR, int NG>
@@ -342,6 +393,30 @@ void i4_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
     }
 }
 
+// The scales (or zero points) of the 32-blocks of chunk c of 4 rows p[0..3], weight group
+// gw > 32, in block-major, row-minor lanes (lane 4j+i: row i, block j; zero past K).
+inline __m512 rows_scales(const uint16_t* const* p, int64_t c, int64_t gw, int64_t K) {
+    if (gw % 128 == 0) {  // one group per chunk (and K % 128 == 0)
+        const int64_t g = 128 * c / gw;
+        const __m128i h = _mm_setr_epi16(static_cast<short>(p[0][g]), static_cast<short>(p[1][g]),
+                                         static_cast<short>(p[2][g]), static_cast<short>(p[3][g]), 0, 0, 0, 0);
+        return _mm512_broadcast_f32x4(_mm_cvtph_ps(h));
+    }
+    if (gw == 64) {  // groups 2c and 2c + 1 (none past K)
+        const bool second = K - 128 * c > 64;
+        auto pair = [&](int r) {
+            uint32_t v = p[r][2 * c];
+            if (second) v |= uint32_t{p[r][2 * c + 1]} << 16;
+            return static_cast<int>(v);
+        };
+        const __m256 v = _mm256_cvtph_ps(_mm_setr_epi32(pair(0), pair(1), pair(2), pair(3)));
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7),
+                                     _mm512_castps256_ps512(v));
+    }
+    return rows4_ps(chunk_scales(p[0], c, gw, K), chunk_scales(p[1], c, gw, K), chunk_scales(p[2], c, gw, K),
+                    chunk_scales(p[3], c, gw, K));
+}
+
 // The scales of 4 rows in block-major, row-minor lanes (lane 4j+i: row i, block j) from the
 // rows' 16-block registers: idx picks within (s[0], s[1]) for rows 0 and 1, within
 // (s[2], s[3]) for rows 2 and 3.
@@ -354,7 +429,7 @@ inline __m512 pick_rows4(const __m512* s, __m512i idx) {
 // int32 lanes of its 128-bit lane; hsum4_epi32 makes them exact block sums of 4 rows, one
 // row per lane, and the reference's float steps follow block by block:
 // acc = acc + (s * d) * float(isum), asym then acc = acc + (s * m) * float(xsum).
-template <int TR, int NR, bool ASYM, bool GROUPED, bool B32>
+template <int TR, int NR, bool ASYM, bool GROUPED, Blocks BL>
 inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
                       const GemmOut& out) {
     constexpr int NG = NR / 4;
@@ -406,13 +481,9 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
                 if (ASYM) mv[g] = pick_rows4(z16 + 4 * g, pick);
             }
         } else {
-            auto rows4 = [&](const uint16_t* const* p) {
-                return rows4_ps(chunk_scales(p[0], c, w.group, K), chunk_scales(p[1], c, w.group, K),
-                                chunk_scales(p[2], c, w.group, K), chunk_scales(p[3], c, w.group, K));
-            };
             for (int g = 0; g < NG; ++g) {
-                dv[g] = rows4(srow + 4 * g);
-                if (ASYM) mv[g] = rows4(zrow + 4 * g);
+                dv[g] = rows_scales(srow + 4 * g, c, w.group, K);
+                if (ASYM) mv[g] = rows_scales(zrow + 4 * g, c, w.group, K);
             }
         }
         const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
@@ -440,30 +511,28 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
                 const __m512i bs = hsum4_epi32(ci[0], ci[1], ci[2], ci[3]);
                 const __m512 sd = _mm512_mul_ps(s, dv[g]);
                 const __m512 sm = ASYM ? _mm512_mul_ps(s, mv[g]) : sd;
-                if (B32) {
-                    const __m512 p = _mm512_mul_ps(sd, _mm512_cvtepi32_ps(bs));
-                    const __m512 q = ASYM ? _mm512_mul_ps(sm, _mm512_cvtepi32_ps(xsi)) : p;
-                    acc[t][g] = add_blocks<ASYM>(acc[t][g], p, q, nb);
-                } else {
-                    add_long_blocks<ASYM>(acc[t][g], isum[t][g], xsum[t][g], bs, xsi, sd, sm, 4 * c, nb, bpb);
-                }
+                add_chunk<BL, ASYM>(acc[t][g], isum[t][g], xsum[t][g], bs, xsi, sd, sm, c, nb, bpb);
             }
         }
     }
     store_rows(acc, nullptr, t0, n0, rows, out);
 }
 
-template <bool ASYM, bool GROUPED, bool B32>
+template <bool ASYM, bool GROUPED, Blocks BL>
 void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
     q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
-        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, B32>(w, x, t0, n, rows, out);
+        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, BL>(w, x, t0, n, rows, out);
     });
 }
 
 template <bool ASYM, bool GROUPED>
 void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    const bool b32 = x.group == 32 || w.group == 32;
-    return b32 ? i4_gemm<ASYM, GROUPED, true>(w, x, n0, n1, out) : i4_gemm<ASYM, GROUPED, false>(w, x, n0, n1, out);
+    switch (blocks_of(x.group, w.group)) {
+        case Blocks::b32: return i4_gemm<ASYM, GROUPED, Blocks::b32>(w, x, n0, n1, out);
+        case Blocks::b64: return i4_gemm<ASYM, GROUPED, Blocks::b64>(w, x, n0, n1, out);
+        case Blocks::b128k: return i4_gemm<ASYM, GROUPED, Blocks::b128k>(w, x, n0, n1, out);
+        default: return i4_gemm<ASYM, GROUPED, Blocks::other>(w, x, n0, n1, out);
+    }
 }
 
 // ---- int8-activation GEMM: int8 weights --------------------------------------------------
@@ -518,7 +587,7 @@ void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
 // vpdpbusd leave 32-block j in 128-bit lane j as for int4; hsum4_epi32 gives the exact sums
 // of 4 rows, then acc = acc + xs * float(isum) block by block and finally acc * w_scale, as
 // the reference.
-template <int TR, int NR, bool B32>
+template <int TR, int NR, Blocks BL>
 inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, int64_t rows,
                        const GemmOut& out) {
     constexpr int NG = NR / 4;
@@ -537,12 +606,7 @@ inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t 
     const uint8_t* pt[TR];
     for (int t = 0; t < TR; ++t) pt[t] = x.prep + (t0 + t) * x.prep_stride;
     auto add = [&](int t, int g, __m512i bs, __m512 s, int64_t c, int64_t nb) {
-        if (B32) {
-            const __m512 p = _mm512_mul_ps(s, _mm512_cvtepi32_ps(bs));
-            acc[t][g] = add_blocks<false>(acc[t][g], p, p, nb);
-        } else {
-            add_long_blocks<false>(acc[t][g], isum[t][g], unused, bs, bs, s, s, 4 * c, nb, bpb);
-        }
+        add_chunk<BL, false>(acc[t][g], isum[t][g], unused, bs, bs, s, s, c, nb, bpb);
     };
     // Masked-out bytes: u = 0 ^ 0x80 = 128 times x = 0 contributes nothing.
     auto chunk = [&](int64_t c, __mmask64 ka, __mmask64 kb, int64_t nb) __attribute__((always_inline)) {
@@ -642,14 +706,17 @@ void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
             i8_kernel<decltype(tr)::value, decltype(nr)::value>(w, x, t0, n, rows, out);
         });
     }
-    if (x.group == 32) {
-        return q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
-            i8g_kernel<decltype(tr)::value, decltype(nr)::value, true>(w, x, t0, n, rows, out);
+    auto run = [&](auto bl) {
+        q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+            i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
         });
+    };
+    switch (blocks_of(x.group, w.K)) {
+        case Blocks::b32: return run(std::integral_constant<Blocks, Blocks::b32>());
+        case Blocks::b64: return run(std::integral_constant<Blocks, Blocks::b64>());
+        case Blocks::b128k: return run(std::integral_constant<Blocks, Blocks::b128k>());
+        default: return run(std::integral_constant<Blocks, Blocks::other>());
     }
-    q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
-        i8g_kernel<decltype(tr)::value, decltype(nr)::value, false>(w, x, t0, n, rows, out);
-    });
 }
 
 int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
