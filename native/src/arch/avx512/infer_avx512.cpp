@@ -639,6 +639,7 @@ inline void i8g_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t 
     auto half = [&](int64_t c, __mmask64 ka, int64_t nb) {
         __m512i u[NR];
         for (int r = 0; r < NR; ++r) {
+            _mm_prefetch(reinterpret_cast<const char*>(codes[r] + 128 * c + PF_TILES * NR * K), _MM_HINT_T0);
             const __m512i a = _mm512_xor_si512(_mm512_maskz_loadu_epi8(ka, codes[r] + 128 * c), flip);
             u[r] = _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(3, 1, 2, 0));
         }
