@@ -61,8 +61,10 @@ STATUS_CODES: dict[str, int]
 # * RMSNorm, SwiGLU, RoPE, attention are bit-identical across ISAs (canonical 16-lane
 #   sums, no FMA, one exp polynomial) and within a few float32 ulp of float64 math.
 # * matmuls: exact int32 block sums; float combination may differ between ISAs by at
-#   most 1e-5 * sum|terms| (tested); for one ISA a token's row is bit-identical whether
-#   it is computed alone (GEMV) or within a batch (GEMM).
+#   most 1e-5 * sum|terms| (tested), except matmul_q8 on AVX-512 and NEON, which follows
+#   the scalar reference's order and is bit-identical to it (tested); for one ISA a
+#   token's row is bit-identical whether it is computed alone (GEMV) or within a batch
+#   (GEMM).
 
 # edgepack.runtime_shim.errors.NumericError (an EdgepackError and a FloatingPointError):
 # .code (KernelStatus), .kind ("non_finite" | "scale_overflow"), .op ("quantize_act",

@@ -15,9 +15,12 @@
 //   pairwise 16->8->4->2->1 (lane i + lane i+half).  Elementwise math is multiply then add,
 //   never fused; exp uses one polynomial (infer/vecmath.h).  So RMSNorm, SwiGLU, RoPE and
 //   attention are bit-identical across scalar/AVX2/AVX-512/NEON too.
-// * The integer GEMV/GEMM accumulates exact int32 partial sums per block; combining them
-//   with the float scales happens in SIMD lanes, so matmul outputs agree with the
-//   reference to within a stated tolerance (|err| <= 2e-6 * sum|terms| + 1e-30), not bits.
+// * The integer GEMV/GEMM accumulates exact int32 partial sums per block.  On AVX-512 and
+//   NEON the int8-activation matmul then combines them with the float scales in the
+//   reference's order (ref::q8_row), so its outputs are bit-identical to the reference;
+//   elsewhere (AVX2, float activations) the combination happens in SIMD lanes, so matmul
+//   outputs agree with the reference to within a stated tolerance
+//   (|err| <= 2e-6 * sum|terms| + 1e-30), not bits.
 //   Per output element the operation sequence does not depend on the token tile, the
 //   number of tokens or the thread split, so GEMV and GEMM rows and any thread count give
 //   bit-identical results on one ISA.
