@@ -1,0 +1,85 @@
+"""The AMX tile GEMM (native/src/arch/amx/infer_amx.cpp) is bit-identical to the scalar
+reference: same int32 block sums, same float combination order per output element, for
+every token count (tile tails included), thread count and weight encoding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from test_native_infer import Q8_CASES, make_weight, q8_inputs, rng, same_bits
+
+k = pytest.importorskip("edgepack.native._kernels")
+
+TOKENS = [2, 3, 16, 17, 40, 515]
+
+
+@pytest.fixture(autouse=True)
+def restore() -> Iterator[None]:
+    if "amx" not in k.available_isas():
+        pytest.skip("no AMX-INT8 here (CPU, OS tile state or build)")
+    isa, threads = k.active_isa(), k.get_threads()
+    try:
+        yield
+    finally:
+        k.set_isa(isa)
+        k.set_threads(threads)
+
+
+def matmul_on(isa: str, *args, **kwargs):
+    k.set_isa(isa)
+    return k.matmul_q8(*args, **kwargs)
+
+
+@pytest.mark.parametrize("enc,N,K,gw,ga", Q8_CASES)
+@pytest.mark.parametrize("T", TOKENS)
+def test_amx_matmul_q8_bit_identical_to_scalar(enc, N, K, gw, ga, T) -> None:
+    codes, scales, zeros = make_weight(enc, N, K, gw)
+    xq, xs = q8_inputs(K, T, ga, seed=T)
+    want = matmul_on("scalar", xq, xs, ga, codes, scales, zeros, enc, gw)
+    got = matmul_on("amx", xq, xs, ga, codes, scales, zeros, enc, gw)
+    assert same_bits(got, want), f"{enc} T={T}: {np.sum(got != want)} outputs differ"
+
+
+@pytest.mark.parametrize("enc,gw,ga", [("int8", 0, 32), ("int4_sym", 32, 32), ("int4_asym", 64, 0)])
+def test_amx_any_thread_count_and_bias_residual(enc, gw, ga) -> None:
+    N, K, T = 75, 576, 37
+    codes, scales, zeros = make_weight(enc, N, K, gw)
+    xq, xs = q8_inputs(K, T, ga)
+    bias = rng(5).standard_normal(N).astype(np.float32)
+    res = rng(6).standard_normal((T, N)).astype(np.float32)
+    args = (xq, xs, ga, codes, scales, zeros, enc, gw)
+    k.set_threads(1)
+    want = matmul_on("scalar", *args, bias=bias, residual=res)
+    for n in (1, 2, 3):
+        k.set_threads(n)
+        assert same_bits(matmul_on("amx", *args, bias=bias, residual=res), want), f"threads={n}"
+
+
+def test_amx_gemm_row_equals_its_gemv() -> None:
+    """The contract prompt lookup and prefix caches rely on: a batch row is the GEMV."""
+    codes, scales, zeros = make_weight("int4_sym", 64, 576, 32)
+    xq, xs = q8_inputs(576, 24, 32)
+    k.set_isa("amx")
+    batch = k.matmul_q8(xq, xs, 32, codes, scales, zeros, "int4_sym", 32)
+    for t in (0, 7, 23):
+        one = k.matmul_q8(xq[t : t + 1], xs[t : t + 1], 32, codes, scales, zeros, "int4_sym", 32)
+        assert same_bits(one[0], batch[t])
+
+
+@pytest.mark.parametrize("T", [3, 16, 33])
+def test_amx_extreme_int8_codes(T) -> None:
+    """-128 weights against +-127 activations: the int32 sums of signed x signed bytes."""
+    N, K = 20, 4096
+    r = rng(3)
+    codes = r.integers(-128, 128, (N, K)).astype(np.int8)
+    codes[0] = -128
+    codes[1] = 127
+    scales = np.full(N, 0.01, np.float32)
+    xq = r.choice(np.array([-127, 127, 0, 1, -1], np.int8), (T, K))
+    xq[0] = -127
+    for ga, xs in ((0, np.ones((T, 1), np.float32)), (64, np.full((T, K // 64), 0.5, np.float32))):
+        want = matmul_on("scalar", xq, xs, ga, codes, scales, None, "int8", 0)
+        got = matmul_on("amx", xq, xs, ga, codes, scales, None, "int8", 0)
+        assert same_bits(got, want)
