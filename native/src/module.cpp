@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <thread>
@@ -406,4 +407,8 @@ PYBIND11_MODULE(_kernels, m) {
 
     // Inference kernels (infer/bind_infer.cpp); set_isa above switches them too.
     edgepack::infer::bind_infer(m);
+
+    // EDGEPACK_ISA=<name> replaces the default pick (e.g. avx512 vs amx side by side); a
+    // name not usable here fails the import with set_isa's ValueError.
+    if (const char* isa = std::getenv("EDGEPACK_ISA"); isa != nullptr && *isa != '\0') set_isa(isa);
 }

@@ -72,49 +72,69 @@ void configure(int nt, int64_t ks) {
         c.rows[4 + i] = static_cast<uint8_t>(ks / 4);
         c.colsb[4 + i] = 64;
     }
-    _tile_loadconfig(&c);
+    // Not _tile_loadconfig: GCC's version tells the compiler it reads one byte, so the
+    // stores to the rest of the config may be dropped (seen at -O2).
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+
+// r[i] lane j -> r[j] lane i: the 16 x 16 dword transpose (unpack within 128-bit lanes,
+// then whole lanes).
+inline void transpose16(__m512i (&r)[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // r[4m + j] lane L = rows 4m..4m+3 of column 4L + j
+    for (int j = 0; j < 4; ++j) {
+        const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i w0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i v1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i w1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        t[j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+        t[4 + j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+        t[8 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0));
+        t[12 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
 // The weights of rows [n, n + nr) in the VNNI layout: dword (q, r) = elements 4q..4q+3 of
-// row r as signed bytes; rows nr..15 are zero.
-void repack_i8(const WeightView& w, int64_t n, int nr, int8_t* panel) {
-    const int64_t K = w.K;
-    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(static_cast<int>(K)));
-    const int8_t* base = static_cast<const int8_t*>(w.codes) + n * K;
-    for (int64_t q = 0; q < K / 4; ++q) {
-        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + 4 * q, 1);
-        _mm512_store_si512(panel + 64 * q, v);
-    }
-}
-
-template <bool ASYM>
-void repack_i4(const WeightView& w, int64_t n, int nr, int8_t* panel) {
-    const int64_t K = w.K, rb = K / 2;
-    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(static_cast<int>(rb)));
-    // Code byte 0 (1) of the gathered dword to bytes 0 and 2 (zero-extended 16-bit
-    // lanes); byte 2 (3) likewise for the next quad.
-    const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
-    const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
+// row r as signed bytes (int4: nib - 8 sym, nib asym); rows nr..15 are zero.  Per 64
+// elements: each row's 64 bytes (int4: 32 code bytes, nibbles spread to bytes), then the
+// dword transpose.
+template <WEnc E>
+void repack(const WeightView& w, int64_t n, int nr, int8_t* panel) {
+    const int64_t K = w.K, rb = E == WEnc::i8 ? K : K / 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * rb;
     const __m512i m4 = _mm512_set1_epi16(0x0f0f);
     const __m512i eight = _mm512_set1_epi8(8);
-    const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * rb;
-    for (int64_t q = 0; q < K / 4; q += 2) {
-        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + 2 * q, 1);
-        // u16 lane = code byte b (elements e, e+1 in its nibbles); (u | u << 4) & 0x0f0f puts
-        // element e in the low byte and e+1 in the high byte.
-        const __m512i u0 = _mm512_shuffle_epi8(g, sel0), u1 = _mm512_shuffle_epi8(g, sel1);
-        __m512i v0 = _mm512_ternarylogic_epi32(u0, _mm512_slli_epi16(u0, 4), m4, 0xa8);
-        __m512i v1 = _mm512_ternarylogic_epi32(u1, _mm512_slli_epi16(u1, 4), m4, 0xa8);
-        if (!ASYM) {
-            v0 = _mm512_sub_epi8(v0, eight);
-            v1 = _mm512_sub_epi8(v1, eight);
+    for (int64_t k = 0; k < K; k += 64) {
+        const int64_t left = K - k < 64 ? K - k : 64;  // a multiple of 4 (int4: of 8)
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+            if (i >= nr) {
+                r[i] = _mm512_setzero_si512();
+            } else if constexpr (E == WEnc::i8) {
+                const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
+                r[i] = _mm512_maskz_loadu_epi8(m, base + i * rb + k);
+            } else {
+                // 16-bit lane = code byte b; (u | u << 4) & 0x0f0f puts its low nibble (the
+                // even element) in the low byte and its high nibble in the high byte.
+                const __mmask32 m = left == 64 ? ~__mmask32{0} : (1u << (left / 2)) - 1u;
+                const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, base + i * rb + k / 2));
+                r[i] = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
+                if (E == WEnc::i4sym) r[i] = _mm512_sub_epi8(r[i], eight);
+            }
         }
-        _mm512_store_si512(panel + 64 * q, v0);
-        _mm512_store_si512(panel + 64 * (q + 1), v1);
+        transpose16(r);
+        for (int q = 0; q < left / 4; ++q) _mm512_store_si512(panel + 16 * k + 64 * q, r[q]);
     }
 }
 
@@ -244,9 +264,9 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
     for (int64_t n = n0; n < n1; n += 16) {
         const int nr = n1 - n < 16 ? static_cast<int>(n1 - n) : 16;
         if constexpr (I8) {
-            repack_i8(w, n, nr, panel);
+            repack<WEnc::i8>(w, n, nr, panel);
         } else {
-            repack_i4<ASYM>(w, n, nr, panel);
+            repack<ASYM ? WEnc::i4asym : WEnc::i4sym>(w, n, nr, panel);
             transpose_scales(w.scales_f16, n, nr, G, dsc);
             if (ASYM) transpose_scales(w.zeros_f16, n, nr, G, msc);
         }
