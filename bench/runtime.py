@@ -324,21 +324,23 @@ def main() -> int:
     print(f"SmolLM2-135M, {args.threads} threads, median of {args.runs} runs")
     print(f"memory bandwidth (numpy read, {args.threads} threads): {bw:.1f} GB/s")
     print(f"llama.cpp column: {source}\n")
-    hdr = f"{'package':<8} {'kernels':<9} {'tg128 tok/s':>12} {'pp512 tok/s':>12} "
+    names = [row for k in args.kernels.split(",") for row, _ in rows[k]]
+    kw = max(9, *(len(n) for n in names))
+    hdr = f"{'package':<8} {'kernels':<{kw}} {'tg128 tok/s':>12} {'pp512 tok/s':>12} "
     hdr += f"{'llama.cpp':>16} {'tg ratio':>9} {'pp ratio':>9}"
     print(hdr)
     for key in pkgs:
         ref = llama[key]
-        for kernels in [row for k in args.kernels.split(",") for row, _ in rows[k]]:
+        for kernels in names:
             r = results.get((key, kernels), {})
             lc = f"{ref['model']} {ref['tg128']:.0f}/{ref['pp512']:.0f}"
             if "tg128" not in r:
                 print(
-                    f"{key:<8} {kernels:<9} {'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
+                    f"{key:<8} {kernels:<{kw}} {'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
                 )
                 continue
             print(
-                f"{key:<8} {kernels:<9} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "
+                f"{key:<8} {kernels:<{kw}} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "
                 f"{r['tg128'] / ref['tg128']:>8.2f}x {r['pp512'] / ref['pp512']:>8.2f}x"
             )
     print()
