@@ -22,8 +22,11 @@ namespace edgepack {
 namespace infer {
 namespace {
 
-// Smallest token count that takes the tiles: a decode step (T = 1) keeps the VNNI GEMV.
-constexpr int64_t kMinTokens = 2;
+// Smallest token count that takes the tiles (below it the VNNI kernels are faster: the
+// panel repack is a fixed cost per call), measured with bench/kernels.py-style shapes of
+// SmolLM2 (K = 576, 1536) on a 2-core Sapphire Rapids-class Xeon.  At most 16: the tests
+// take every T >= 16 as a tile GEMM.
+constexpr int64_t kMinTokensI8 = 4, kMinTokensI4 = 6;
 // The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
 constexpr int64_t kMaxK = 4096;
 // Per-panel weight scales (one 16-lane vector per weight group).
@@ -51,7 +54,9 @@ Plan plan_for(const WeightView& w, int64_t ga) {
     return p;
 }
 
-bool use_tiles(const WeightView& w, const ActQ8& x) { return x.T >= kMinTokens && plan_for(w, x.group).ok; }
+bool use_tiles(const WeightView& w, const ActQ8& x) {
+    return x.T >= (w.enc == WEnc::i8 ? kMinTokensI8 : kMinTokensI4) && plan_for(w, x.group).ok;
+}
 
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
