@@ -5,8 +5,9 @@ per layer, as in a real decode step) so the weights stream from memory instead o
 in cache; GB/s counts the weight bytes read (codes + scales) and is compared with the
 machine's read bandwidth measured here.  "tok/s eq" is the token rate the matmuls of the
 whole model alone would allow (30 layers x q,k,v,o,gate,up,down + lm_head).  GEMM
-(T = 8 verify pass, 64 / 512 prefill) reports GOPS = 2 N K T / time.  numpy columns: dequantize + matmul
-per call (what a pure-numpy path does) and matmul on weights dequantized once (4x memory).
+(T = 8: a verify pass; 64 / 512: prefill) reports GOPS = 2 N K T / time.  numpy columns:
+dequantize + matmul per call (what a pure-numpy path does) and matmul on weights
+dequantized once (4x memory).
 
     python bench/kernels.py [--quick] [--isa avx512 ...] [--threads 1 2] [--repeat 5]
                             [--act-group 32]

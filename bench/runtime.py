@@ -335,9 +335,8 @@ def main() -> int:
             r = results.get((key, kernels), {})
             lc = f"{ref['model']} {ref['tg128']:.0f}/{ref['pp512']:.0f}"
             if "tg128" not in r:
-                print(
-                    f"{key:<8} {kernels:<{kw}} {'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
-                )
+                na = f"{'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
+                print(f"{key:<8} {kernels:<{kw}} {na}")
                 continue
             print(
                 f"{key:<8} {kernels:<{kw}} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "

@@ -88,15 +88,17 @@ def test_amx_gemm_row_equals_its_gemv(enc, gw, ga) -> None:
 @pytest.mark.parametrize("T", [16, 33])
 def test_amx_extreme_int8_codes(T) -> None:
     """-128 weights against +-127 activations: the int32 sums of signed x signed bytes."""
-    N, K = 20, 4096
-    r = rng(3)
-    codes = r.integers(-128, 128, (N, K)).astype(np.int8)
+    K = 2048
+    ramp = np.arange(33 * K) % 256 - 128  # every code, -128 included, in each row
+    codes = ramp.reshape(33, K).astype(np.int8)
     codes[0] = -128
-    codes[1] = 127
-    scales = np.full(N, 0.01, np.float32)
-    xq = r.choice(np.array([-127, 127, 0, 1, -1], np.int8), (T, K))
-    xq[0] = -127
-    for ga, xs in ((0, np.ones((T, 1), np.float32)), (64, np.full((T, K // 64), 0.5, np.float32))):
+    scales = np.linspace(0.001, 0.02, 33).astype(np.float32)
+    xq = np.where(rng(4).random((T, K)) < 0.5, -127, 127).astype(np.int8)
+    xq[0] = 127
+    for ga in (0, 64):
+        xs = np.full((T, K // (ga or K)), 0.25, np.float32)
         want = matmul_on("scalar", xq, xs, ga, codes, scales, None, "int8", 0)
         got = matmul_on("amx", xq, xs, ga, codes, scales, None, "int8", 0)
         assert same_bits(got, want)
+        if ga == 0:  # row 0 x token 0: K products -128 * 127 in one exact int32 sum
+            assert got[0, 0] == (np.float32(0.25) * np.float32(-128 * 127 * K)) * scales[0]
