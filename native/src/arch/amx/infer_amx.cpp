@@ -23,10 +23,10 @@ namespace infer {
 namespace {
 
 // Smallest token count that takes the tiles (below it the VNNI kernels are faster: the
-// panel repack is a fixed cost per call), measured with bench/kernels.py-style shapes of
-// SmolLM2 (K = 576, 1536) on a 2-core Sapphire Rapids-class Xeon.  At most 16: the tests
-// take every T >= 16 as a tile GEMM.
-constexpr int64_t kMinTokensI8 = 4, kMinTokensI4 = 6;
+// panel repack is a fixed cost per call), measured on SmolLM2's shapes (K = 576, 1536;
+// int8 and int4-g32: at T = 4 1.0-1.4x the VNNI kernels, at T = 2 0.5-0.75x) on a 2-core
+// Sapphire Rapids-class Xeon.  At most 16: the tests take every T >= 16 as a tile GEMM.
+constexpr int64_t kMinTokens = 4;
 // The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
 constexpr int64_t kMaxK = 4096;
 // Per-panel weight scales (one 16-lane vector per weight group).
@@ -55,7 +55,7 @@ Plan plan_for(const WeightView& w, int64_t ga) {
 }
 
 bool use_tiles(const WeightView& w, const ActQ8& x) {
-    return x.T >= (w.enc == WEnc::i8 ? kMinTokensI8 : kMinTokensI4) && plan_for(w, x.group).ok;
+    return x.T >= kMinTokens && plan_for(w, x.group).ok;
 }
 
 struct alignas(64) TileConfig {
@@ -111,35 +111,44 @@ inline void transpose16(__m512i (&r)[16]) {
 }
 
 // The weights of rows [n, n + nr) in the VNNI layout: dword (q, r) = elements 4q..4q+3 of
-// row r as signed bytes (int4: nib - 8 sym, nib asym); rows nr..15 are zero.  Per 64
-// elements: each row's 64 bytes (int4: 32 code bytes, nibbles spread to bytes), then the
-// dword transpose.
+// row r as signed bytes (int4: nib - 8 sym, nib asym); rows nr..15 are zero.  A 16 x 16
+// dword transpose of 16 rows' next 64 code bytes (int8: 16 quads; int4: 32 quads, two per
+// dword, whose nibbles are then spread to bytes).
 template <WEnc E>
 void repack(const WeightView& w, int64_t n, int nr, int8_t* panel) {
-    const int64_t K = w.K, rb = E == WEnc::i8 ? K : K / 2;
+    constexpr bool I8 = E == WEnc::i8;
+    constexpr int64_t step = I8 ? 64 : 128;  // elements per 64 code bytes
+    const int64_t K = w.K, rb = I8 ? K : K / 2;
     const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * rb;
+    // int4: code bytes 0, 1 (2, 3) of each dword to 16-bit lanes; (u | u << 4) & 0x0f0f
+    // then puts a byte's low nibble (the even element) in the low byte, the high nibble
+    // in the high byte: elements 4q..4q+3 in order.
+    const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
     const __m512i m4 = _mm512_set1_epi16(0x0f0f);
     const __m512i eight = _mm512_set1_epi8(8);
-    for (int64_t k = 0; k < K; k += 64) {
-        const int64_t left = K - k < 64 ? K - k : 64;  // a multiple of 4 (int4: of 8)
+    auto spread = [&](__m512i u) {
+        const __m512i v = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
+        return E == WEnc::i4sym ? _mm512_sub_epi8(v, eight) : v;
+    };
+    for (int64_t k = 0; k < K; k += step) {
+        const int64_t left = K - k < step ? K - k : step;  // int8: a multiple of 4; int4: of 8
+        const int64_t bytes = I8 ? left : left / 2;
+        const __mmask64 m = bytes == 64 ? ~__mmask64{0} : (uint64_t{1} << bytes) - 1;
         __m512i r[16];
         for (int i = 0; i < 16; ++i) {
-            if (i >= nr) {
-                r[i] = _mm512_setzero_si512();
-            } else if constexpr (E == WEnc::i8) {
-                const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
-                r[i] = _mm512_maskz_loadu_epi8(m, base + i * rb + k);
-            } else {
-                // 16-bit lane = code byte b; (u | u << 4) & 0x0f0f puts its low nibble (the
-                // even element) in the low byte and its high nibble in the high byte.
-                const __mmask32 m = left == 64 ? ~__mmask32{0} : (1u << (left / 2)) - 1u;
-                const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, base + i * rb + k / 2));
-                r[i] = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
-                if (E == WEnc::i4sym) r[i] = _mm512_sub_epi8(r[i], eight);
-            }
+            r[i] = i < nr ? _mm512_maskz_loadu_epi8(m, base + i * rb + (I8 ? k : k / 2)) : _mm512_setzero_si512();
         }
         transpose16(r);
-        for (int q = 0; q < left / 4; ++q) _mm512_store_si512(panel + 16 * k + 64 * q, r[q]);
+        int8_t* out = panel + 16 * k;
+        for (int j = 0; j < bytes / 4; ++j) {
+            if constexpr (I8) {
+                _mm512_store_si512(out + 64 * j, r[j]);
+            } else {
+                _mm512_store_si512(out + 128 * j, spread(_mm512_shuffle_epi8(r[j], sel0)));
+                _mm512_store_si512(out + 128 * j + 64, spread(_mm512_shuffle_epi8(r[j], sel1)));
+            }
+        }
     }
 }
 
