@@ -409,6 +409,7 @@ PYBIND11_MODULE(_kernels, m) {
     edgepack::infer::bind_infer(m);
 
     // EDGEPACK_ISA=<name> replaces the default pick (e.g. avx512 vs amx side by side); a
-    // name not usable here fails the import with set_isa's ValueError.
+    // name not usable here fails the import (pybind11 turns set_isa's ValueError into an
+    // ImportError with the same message).
     if (const char* isa = std::getenv("EDGEPACK_ISA"); isa != nullptr && *isa != '\0') set_isa(isa);
 }
