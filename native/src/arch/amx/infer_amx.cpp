@@ -152,28 +152,20 @@ void repack(const WeightView& w, int64_t n, int nr, int8_t* panel) {
     }
 }
 
-// f16 values [n * G + g] of rows n..n+nr as float vectors out[g][r] (rows >= nr zero).
+// f16 values [n * G + g] of rows n..n+nr as float vectors out[g][r] (rows >= nr zero):
+// 16 groups of 16 rows converted, then transposed.
 void transpose_scales(const uint16_t* src, int64_t n, int nr, int64_t G, float* out) {
-    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
     const uint16_t* base = src + n * G;
-    if (G == 1) {
-        alignas(64) float v[16] = {};
-        for (int r = 0; r < nr; ++r) v[r] = _cvtsh_ss(base[r]);
-        std::memcpy(out, v, sizeof v);
-        return;
-    }
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(static_cast<int>(2 * G)));
-    auto half = [](__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); };
-    int64_t g = 0;
-    for (; g + 2 <= G; g += 2) {
-        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + g, 1);
-        _mm512_store_ps(out + 16 * g, half(v));
-        _mm512_store_ps(out + 16 * (g + 1), half(_mm512_srli_epi32(v, 16)));
-    }
-    if (g < G) {  // odd G: the pair (G - 2, G - 1), high halves (never past the array)
-        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + g - 1, 1);
-        _mm512_store_ps(out + 16 * g, half(_mm512_srli_epi32(v, 16)));
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        const int64_t ng = G - g0 < 16 ? G - g0 : 16;
+        const __mmask16 m = static_cast<__mmask16>((1u << ng) - 1u);
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+            r[i] = i < nr ? _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, base + i * G + g0)))
+                          : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        for (int j = 0; j < ng; ++j) _mm512_store_si512(out + 16 * (g0 + j), r[j]);
     }
 }
 
