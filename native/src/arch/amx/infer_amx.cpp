@@ -1,7 +1,7 @@
 // AMX (AMX-TILE + AMX-INT8) int8-activation GEMM, bit-identical to ref::q8_gemm.
 //
 // Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
-// tiles do not cover and for token counts where the VNNI kernels are faster (T = 1).
+// tiles do not cover and for token counts where the VNNI kernels are faster (T < 4).
 //
 // Tiles: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
 // K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
@@ -27,6 +27,7 @@ namespace {
 // int8 and int4-g32: at T = 4 1.0-1.4x the VNNI kernels, at T = 2 0.5-0.75x) on a 2-core
 // Sapphire Rapids-class Xeon.  At most 16: the tests take every T >= 16 as a tile GEMM.
 constexpr int64_t kMinTokens = 4;
+static_assert(kMinTokens <= 16, "tests/native/test_native_amx.py takes T >= 16 as tiles");
 // The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
 constexpr int64_t kMaxK = 4096;
 // Per-panel weight scales (one 16-lane vector per weight group).
