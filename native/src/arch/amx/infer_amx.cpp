@@ -67,16 +67,18 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
-// Tiles 0, 1: C (nt tokens x 16 int32); 2, 3: A (nt tokens x ks bytes); 4, 5: B.
+// Tiles 0-3: C (nt tokens x 16 int32); 4, 5: A (nt tokens x ks bytes); 6, 7: B.
 void configure(int nt, int64_t ks) {
     TileConfig c;
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 4; ++i) {
         c.rows[i] = static_cast<uint8_t>(nt);
         c.colsb[i] = 64;
-        c.rows[2 + i] = static_cast<uint8_t>(nt);
-        c.colsb[2 + i] = static_cast<uint16_t>(ks);
-        c.rows[4 + i] = static_cast<uint8_t>(ks / 4);
-        c.colsb[4 + i] = 64;
+    }
+    for (int i = 4; i < 6; ++i) {
+        c.rows[i] = static_cast<uint8_t>(nt);
+        c.colsb[i] = static_cast<uint16_t>(ks);
+        c.rows[2 + i] = static_cast<uint8_t>(ks / 4);
+        c.colsb[2 + i] = 64;
     }
     // Not _tile_loadconfig: GCC's version tells the compiler it reads one byte, so the
     // stores to the rest of the config may be dropped (seen at -O2).
@@ -211,7 +213,7 @@ void token_tile(const Ctx& c, int64_t t0, int nt_rt, int64_t n, int nr) {
     }
     __m512 acc[16];
     for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-    alignas(64) int32_t cbuf[2][16][16];
+    alignas(64) int32_t cbuf[4][16][16];
     auto combine = [&](int64_t i, const int32_t (*cb)[16]) {
         const int64_t b0 = i * c.B, ja = b0 / ga;
         if constexpr (I8) {
@@ -233,19 +235,35 @@ void token_tile(const Ctx& c, int64_t t0, int nt_rt, int64_t n, int nr) {
             }
         }
     };
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        EDGEPACK_BLOCK_SUMS(0, 2, 4, c, a, i);
-        EDGEPACK_BLOCK_SUMS(1, 3, 5, c, a, i + 1);
-        _tile_stored(0, cbuf[0], 64);
-        _tile_stored(1, cbuf[1], 64);
-        combine(i, cbuf[0]);
-        combine(i + 1, cbuf[1]);
-    }
-    if (i < nb) {
-        EDGEPACK_BLOCK_SUMS(0, 2, 4, c, a, i);
-        _tile_stored(0, cbuf[0], 64);
-        combine(i, cbuf[0]);
+    // Two stages: the sums of the next two blocks are issued (C2, C3 or C0, C1) before the
+    // two in hand are stored and combined, so the tile unit's latency overlaps the float
+    // work.  The blocks are still combined in order.
+    auto issue01 = [&](int64_t i) {
+        if (i < nb) EDGEPACK_BLOCK_SUMS(0, 4, 6, c, a, i);
+        if (i + 1 < nb) EDGEPACK_BLOCK_SUMS(1, 5, 7, c, a, i + 1);
+    };
+    auto issue23 = [&](int64_t i) {
+        if (i < nb) EDGEPACK_BLOCK_SUMS(2, 4, 6, c, a, i);
+        if (i + 1 < nb) EDGEPACK_BLOCK_SUMS(3, 5, 7, c, a, i + 1);
+    };
+    auto drain01 = [&](int64_t i) {
+        if (i < nb) _tile_stored(0, cbuf[0], 64);
+        if (i + 1 < nb) _tile_stored(1, cbuf[1], 64);
+        if (i < nb) combine(i, cbuf[0]);
+        if (i + 1 < nb) combine(i + 1, cbuf[1]);
+    };
+    auto drain23 = [&](int64_t i) {
+        if (i < nb) _tile_stored(2, cbuf[2], 64);
+        if (i + 1 < nb) _tile_stored(3, cbuf[3], 64);
+        if (i < nb) combine(i, cbuf[2]);
+        if (i + 1 < nb) combine(i + 1, cbuf[3]);
+    };
+    issue01(0);
+    for (int64_t i = 0; i < nb; i += 4) {
+        issue23(i + 2);
+        drain01(i);
+        issue01(i + 4);
+        drain23(i + 2);
     }
     const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
     const GemmOut& o = c.out;
