@@ -102,3 +102,12 @@ def test_amx_extreme_int8_codes(T) -> None:
         assert same_bits(got, want)
         if ga == 0:  # row 0 x token 0: K products -128 * 127 in one exact int32 sum
             assert got[0, 0] == (np.float32(0.25) * np.float32(-128 * 127 * K)) * scales[0]
+
+
+@pytest.mark.parametrize("enc,K,gw,ga", [("int4_sym", 8192, 32, 32), ("int8", 8192, 0, 0)])
+def test_amx_leaves_what_its_tiles_do_not_take_to_avx512(enc, K, gw, ga) -> None:
+    """K > 4096 (the stack panel's limit): the avx512 kernels, their bits exactly."""
+    codes, scales, zeros = make_weight(enc, 24, K, gw)
+    xq, xs = q8_inputs(K, 16, ga)
+    args = (xq, xs, ga, codes, scales, zeros, enc, gw)
+    assert same_bits(matmul_on("amx", *args), matmul_on("avx512", *args))
