@@ -5,8 +5,9 @@ per layer, as in a real decode step) so the weights stream from memory instead o
 in cache; GB/s counts the weight bytes read (codes + scales) and is compared with the
 machine's read bandwidth measured here.  "tok/s eq" is the token rate the matmuls of the
 whole model alone would allow (30 layers x q,k,v,o,gate,up,down + lm_head).  GEMM
-(T = 64 / 512, prefill) reports GOPS = 2 N K T / time.  numpy columns: dequantize + matmul
-per call (what a pure-numpy path does) and matmul on weights dequantized once (4x memory).
+(T = 8: a verify pass; 64 / 512: prefill) reports GOPS = 2 N K T / time.  numpy columns:
+dequantize + matmul per call (what a pure-numpy path does) and matmul on weights
+dequantized once (4x memory).
 
     python bench/kernels.py [--quick] [--isa avx512 ...] [--threads 1 2] [--repeat 5]
                             [--act-group 32]
@@ -144,7 +145,7 @@ def bench_gemm(isas: list[str], threads: int, repeat: int, quick: bool, ga: int)
     rng = np.random.default_rng(1)
     k.set_threads(threads)
     print(f"\n== GEMM (prefill), {threads} threads: GOPS = 2*N*K*T / time")
-    Ts = (64,) if quick else (64, 512)
+    Ts = (8, 64) if quick else (8, 64, 512)  # 8: a prompt-lookup verify pass
     print(
         f"{'shape':<20}{'enc':<7}{'T':>5}"
         + "".join(f"{isa:>10}" for isa in isas)

@@ -4,6 +4,7 @@ side with llama.cpp (its Q8_0 / Q4_0), plus decode weight bytes per token agains
 machine's measured memory bandwidth.
 
     python bench/runtime.py [--int8 PKG] [--int4 PKG] [--threads 2] [--runs 3]
+                            [--kernels native --isas avx512,amx]
                             [--llama-bench PATH --llama-q4 GGUF --llama-q8 GGUF]
     python bench/runtime.py --lookup [--paragraphs 4] [--max-tokens 128] ...
 
@@ -204,6 +205,20 @@ def _backend(kernels: str) -> str:
     return "native" if kernels == "per-layer" else kernels
 
 
+def _rows(kernels: list[str], isas: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per --kernels entry its (row name, ISA to set or "") pairs: native ones once per ISA."""
+    return {
+        k: [(f"{k}/{i}", i) for i in isas] if isas and _backend(k) == "native" else [(k, "")]
+        for k in kernels
+    }
+
+
+def _native_kernels():
+    from edgepack.native import _kernels
+
+    return _kernels
+
+
 def llama_bench(binary: str, model: str, threads: int, runs: int) -> dict[str, float]:
     cmd = [binary, "-m", model, "-t", str(threads), "-p", "512", "-n", "128"]
     cmd += ["-r", str(runs), "-o", "json"]
@@ -227,6 +242,11 @@ def main() -> int:
         "--kernels",
         default="numpy,native",
         help="comma list of numpy,native,per-layer (native kernels, one call per layer)",
+    )
+    ap.add_argument(
+        "--isas",
+        help="comma list of native ISAs (e.g. avx512,amx): each native row once per ISA, "
+        "switched with set_isa before each measurement (side by side within every run)",
     )
     ap.add_argument("--llama-bench", help="llama.cpp llama-bench binary to run side by side")
     ap.add_argument("--llama-q4", help="Q4_0 GGUF for --llama-bench")
@@ -276,21 +296,27 @@ def main() -> int:
     # the machine's speed drifts (shared hosts): every run measures every configuration,
     # ours and llama.cpp's in turn, and each figure is the median over the runs
     samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    isas = args.isas.split(",") if args.isas else []
+    rows = _rows(args.kernels.split(","), isas)
     for _ in range(args.runs):
         for (key, kernels), model in models.items():
-            got = samples.setdefault((key, kernels), {"tg128": [], "pp512": []})
-            prompt = prompts[(key, kernels)]
-            got["tg128"].append(decode_rate(model, prompt[:64], 128))
-            got["pp512"].append(prefill_rate(model, prompt))
+            for row, isa in rows[kernels]:
+                if isa:
+                    _native_kernels().set_isa(isa)
+                got = samples.setdefault((key, row), {"tg128": [], "pp512": []})
+                prompt = prompts[(key, kernels)]
+                got["tg128"].append(decode_rate(model, prompt[:64], 128))
+                got["pp512"].append(prefill_rate(model, prompt))
         for key, gguf in ggufs.items():
             got = samples.setdefault((key, "llama.cpp"), {"tg128": [], "pp512": []})
             for metric, value in llama_bench(args.llama_bench, gguf, args.threads, 1).items():
                 got[metric].append(value)
     for (key, kernels), model in models.items():
-        results[(key, kernels)] = {
-            **{m: statistics.median(v) for m, v in samples[(key, kernels)].items()},
-            "path": model.kernel_path,
-        }
+        for row, isa in rows[kernels]:
+            results[(key, row)] = {
+                **{m: statistics.median(v) for m, v in samples[(key, row)].items()},
+                "path": f"native:{isa}" if isa else model.kernel_path,
+            }
         model.close()
     for key in ggufs:
         llama[key].update({m: statistics.median(v) for m, v in samples[(key, "llama.cpp")].items()})
@@ -298,21 +324,22 @@ def main() -> int:
     print(f"SmolLM2-135M, {args.threads} threads, median of {args.runs} runs")
     print(f"memory bandwidth (numpy read, {args.threads} threads): {bw:.1f} GB/s")
     print(f"llama.cpp column: {source}\n")
-    hdr = f"{'package':<8} {'kernels':<9} {'tg128 tok/s':>12} {'pp512 tok/s':>12} "
+    names = [row for k in args.kernels.split(",") for row, _ in rows[k]]
+    kw = max(9, *(len(n) for n in names))
+    hdr = f"{'package':<8} {'kernels':<{kw}} {'tg128 tok/s':>12} {'pp512 tok/s':>12} "
     hdr += f"{'llama.cpp':>16} {'tg ratio':>9} {'pp ratio':>9}"
     print(hdr)
     for key in pkgs:
         ref = llama[key]
-        for kernels in args.kernels.split(","):
+        for kernels in names:
             r = results.get((key, kernels), {})
             lc = f"{ref['model']} {ref['tg128']:.0f}/{ref['pp512']:.0f}"
             if "tg128" not in r:
-                print(
-                    f"{key:<8} {kernels:<9} {'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
-                )
+                na = f"{'n/a':>12} {'n/a':>12} {lc:>16} {'n/a':>9} {'n/a':>9}"
+                print(f"{key:<8} {kernels:<{kw}} {na}")
                 continue
             print(
-                f"{key:<8} {kernels:<9} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "
+                f"{key:<8} {kernels:<{kw}} {r['tg128']:>12.1f} {r['pp512']:>12.1f} {lc:>16} "
                 f"{r['tg128'] / ref['tg128']:>8.2f}x {r['pp512'] / ref['pp512']:>8.2f}x"
             )
     print()

@@ -34,6 +34,10 @@ def available_isas() -> list[str]: ...
 def active_isa() -> str: ...
 def set_isa(name: str) -> None: ...
 
+# ISA names: "scalar", "avx2", "avx512", "amx" (the avx512 kernels with the int8-activation
+# GEMM on AMX-INT8 tiles, bit-identical to scalar), "neon".  EDGEPACK_ISA=<name> in the
+# environment replaces the default pick at import (ImportError if not usable here).
+
 # Status numbering of the kernels ({"ok": 0, "non_finite": 1, ...}); mirrored by
 # edgepack.runtime_shim.errors.KernelStatus.  EncodingError raised here carries it as .code.
 STATUS_CODES: dict[str, int]

@@ -8,6 +8,10 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace edgepack {
 namespace {
@@ -18,19 +22,31 @@ uint64_t xgetbv0() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (static_cast<uint64_t>(hi) << 32) | lo;
 }
+
+// Linux hands out the 8 KiB AMX tile state only to processes that ask for it; the
+// permission is process-wide, so asking once here covers every thread.
+bool request_tile_data() {
+#if defined(__linux__) && defined(__x86_64__)
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+}
 #endif
 
 CpuFeatures probe() {
     CpuFeatures f;
 #if defined(__x86_64__) || defined(_M_X64)
     unsigned a = 0, b = 0, c = 0, d = 0;
+    uint64_t xcr0 = 0;
     if (__get_cpuid(1, &a, &b, &c, &d)) {
         f.sse4_1 = c & (1u << 19);
         f.fma = c & (1u << 12);
         f.avx = c & (1u << 28);
         f.f16c = c & (1u << 29);
         if (c & (1u << 27)) {  // OSXSAVE: xgetbv is available
-            const uint64_t xcr0 = xgetbv0();
+            xcr0 = xgetbv0();
             f.os_ymm = (xcr0 & 0x6u) == 0x6u;     // SSE + AVX state
             f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;   // + opmask, ZMM_Hi256, Hi16_ZMM
         }
@@ -41,7 +57,11 @@ CpuFeatures probe() {
         f.avx512bw = b & (1u << 30);
         f.avx512vl = b & (1u << 31);
         f.avx512vnni = c & (1u << 11);
+        f.amx_tile = d & (1u << 24);
+        f.amx_int8 = d & (1u << 25);
     }
+    // XTILECFG and XTILEDATA state enabled by the OS, then the per-process permission.
+    f.os_amx = f.amx_tile && (xcr0 & 0x60000u) == 0x60000u && request_tile_data();
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory on AArch64
 #endif
@@ -55,6 +75,10 @@ bool usable(const KernelTable& t) {
     if (name == "avx512") {
         return f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
                f.avx512vl && f.avx512vnni;
+    }
+    if (name == "amx") {
+        return f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
+               f.avx512vl && f.avx512vnni && f.amx_tile && f.amx_int8 && f.os_amx;
     }
     if (name == "neon") return f.neon;
     return true;
@@ -82,6 +106,9 @@ const infer::InferTable& infer_for(const KernelTable& t) {
 #if defined(EDGEPACK_HAVE_AVX512)
     if (name == "avx512") return infer::avx512_infer_table();
 #endif
+#if defined(EDGEPACK_HAVE_AMX)
+    if (name == "amx") return infer::amx_infer_table();
+#endif
 #if defined(EDGEPACK_HAVE_NEON)
     if (name == "neon") return infer::neon_infer_table();
 #endif
@@ -108,6 +135,9 @@ std::vector<const KernelTable*> compiled_tables() {
 #endif
 #if defined(EDGEPACK_HAVE_AVX512)
     all.push_back(&avx512_table());
+#endif
+#if defined(EDGEPACK_HAVE_AMX)
+    all.push_back(&amx_table());
 #endif
 #if defined(EDGEPACK_HAVE_NEON)
     all.push_back(&neon_table());

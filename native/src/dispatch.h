@@ -13,6 +13,8 @@ struct CpuFeatures {
     bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
     bool os_ymm = false;  // the OS saves YMM state (XCR0), required for AVX/AVX2
     bool os_zmm = false;  // the OS saves opmask/ZMM state, required for AVX-512
+    bool amx_tile = false, amx_int8 = false;
+    bool os_amx = false;  // XCR0 saves tile state and the process may use it (arch_prctl)
     bool neon = false;
 };
 

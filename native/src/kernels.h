@@ -92,6 +92,9 @@ const KernelTable& avx2_table();
 #if defined(EDGEPACK_HAVE_AVX512)
 const KernelTable& avx512_table();
 #endif
+#if defined(EDGEPACK_HAVE_AMX)
+const KernelTable& amx_table();  // the AVX-512 kernels, named for the AMX inference table
+#endif
 #if defined(EDGEPACK_HAVE_NEON)
 const KernelTable& neon_table();
 #endif

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <thread>
@@ -353,6 +354,9 @@ py::dict cpu_features() {
     d["avx512vnni"] = f.avx512vnni;
     d["os_ymm"] = f.os_ymm;
     d["os_zmm"] = f.os_zmm;
+    d["amx_tile"] = f.amx_tile;
+    d["amx_int8"] = f.amx_int8;
+    d["os_amx"] = f.os_amx;
     d["neon"] = f.neon;
     return d;
 }
@@ -399,8 +403,13 @@ PYBIND11_MODULE(_kernels, m) {
     m.def("active_isa", []() { return std::string(edgepack::active_table().name); },
           "Name of the kernel set in use.");
     m.def("set_isa", &set_isa, py::arg("name"),
-          "Force a kernel set ('scalar', 'avx2', 'avx512', 'neon'); ValueError if not usable.");
+          "Force a kernel set ('scalar', 'avx2', 'avx512', 'amx', 'neon'); ValueError if not usable.");
 
     // Inference kernels (infer/bind_infer.cpp); set_isa above switches them too.
     edgepack::infer::bind_infer(m);
+
+    // EDGEPACK_ISA=<name> replaces the default pick (e.g. avx512 vs amx side by side); a
+    // name not usable here fails the import (pybind11 turns set_isa's ValueError into an
+    // ImportError with the same message).
+    if (const char* isa = std::getenv("EDGEPACK_ISA"); isa != nullptr && *isa != '\0') set_isa(isa);
 }

@@ -343,7 +343,7 @@ Q8_CASES = [
 
 # ISAs whose int8-activation matmuls follow ref::q8_row's operation order (bit-identical
 # to the scalar reference); the others combine the exact block sums in SIMD lanes.
-Q8_EXACT_ISAS = ("avx512", "neon")
+Q8_EXACT_ISAS = ("avx512", "amx", "neon")
 
 
 def q8_inputs(K: int, T: int, ga: int, seed: int = 0):

@@ -205,6 +205,9 @@ const InferTable& avx2_infer_table();
 #if defined(EDGEPACK_HAVE_AVX512)
 const InferTable& avx512_infer_table();
 #endif
+#if defined(EDGEPACK_HAVE_AMX)
+const InferTable& amx_infer_table();  // avx512's, with the AMX tile GEMM as q8_gemm
+#endif
 #if defined(EDGEPACK_HAVE_NEON)
 const InferTable& neon_infer_table();
 #endif

@@ -1,0 +1,376 @@
+// AMX (AMX-TILE + AMX-INT8) int8-activation GEMM, bit-identical to ref::q8_gemm.
+//
+// Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
+// tiles do not cover and for token counts where the VNNI kernels are faster (T < 4).
+//
+// Tiles: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
+// K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
+// stored; int4 nibbles unpacked to nib - 8 (sym) or nib (asym)), repacked once per panel
+// and reused by every token tile; C = 16 tokens x 16 rows of exact int32 block sums (one
+// TDPBSSD per ks <= 64 elements of a block).  Each C is stored and combined into 16 float
+// accumulators (one per token, lanes = weight rows) in the reference order: per block
+// acc = acc + (s * d) * float(isum) (asym: + (s * m) * float(xsum)), int8
+// acc = acc + s * float(isum) then acc * w_scale; separate multiplies and adds, so the
+// output bits are those of ref::q8_row for every tile shape, token count and thread split.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "../../infer/infer.h"
+
+namespace edgepack {
+namespace infer {
+namespace {
+
+// Smallest token count that takes the tiles (below it the VNNI kernels are faster: the
+// panel repack is a fixed cost per call), measured on SmolLM2's shapes (K = 576, 1536;
+// int8 and int4-g32: at T = 4 1.0-1.4x the VNNI kernels, at T = 2 0.5-0.75x) on a 2-core
+// Sapphire Rapids-class Xeon.  At most 16: the tests take every T >= 16 as a tile GEMM.
+constexpr int64_t kMinTokens = 4;
+static_assert(kMinTokens <= 16, "tests/native/test_native_amx.py takes T >= 16 as tiles");
+// The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
+constexpr int64_t kMaxK = 4096;
+// Per-panel weight scales (one 16-lane vector per weight group).
+constexpr int64_t kMaxGroups = 256;
+
+// The block layout of one weight matrix against one activation grouping.
+struct Plan {
+    bool ok = false;
+    int64_t block = 0;  // B: elements per exact int32 sum
+    int64_t ks = 0;     // elements per TDPBSSD (a multiple of 4 <= 64 dividing B)
+};
+
+Plan plan_for(const WeightView& w, int64_t ga) {
+    Plan p;
+    const int64_t K = w.K;
+    const bool i8 = w.enc == WEnc::i8;
+    if (!i8 && w.enc != WEnc::i4sym && w.enc != WEnc::i4asym) return p;
+    const int64_t B = i8 ? ga : (ga < w.group ? ga : w.group);
+    if (B <= 0 || B % 4 != 0 || K % B != 0 || K > kMaxK) return p;
+    if (!i8 && (K % 8 != 0 || K / w.group > kMaxGroups)) return p;
+    p.block = B;
+    for (p.ks = 64; B % p.ks != 0; p.ks -= 4) {
+    }
+    p.ok = true;
+    return p;
+}
+
+bool use_tiles(const WeightView& w, const ActQ8& x) {
+    return x.T >= kMinTokens && plan_for(w, x.group).ok;
+}
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: C (nt tokens x 16 int32); 4, 5: A (nt tokens x ks bytes); 6, 7: B.
+void configure(int nt, int64_t ks) {
+    TileConfig c;
+    for (int i = 0; i < 4; ++i) {
+        c.rows[i] = static_cast<uint8_t>(nt);
+        c.colsb[i] = 64;
+    }
+    for (int i = 4; i < 6; ++i) {
+        c.rows[i] = static_cast<uint8_t>(nt);
+        c.colsb[i] = static_cast<uint16_t>(ks);
+        c.rows[2 + i] = static_cast<uint8_t>(ks / 4);
+        c.colsb[2 + i] = 64;
+    }
+    // Not _tile_loadconfig: GCC's version tells the compiler it reads one byte, so the
+    // stores to the rest of the config may be dropped (seen at -O2).
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+
+// r[i] lane j -> r[j] lane i: the 16 x 16 dword transpose (unpack within 128-bit lanes,
+// then whole lanes).
+inline void transpose16(__m512i (&r)[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // r[4m + j] lane L = rows 4m..4m+3 of column 4L + j
+    for (int j = 0; j < 4; ++j) {
+        const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i w0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i v1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i w1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        t[j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+        t[4 + j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+        t[8 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0));
+        t[12 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// The weights of rows [n, n + nr) in the VNNI layout: dword (q, r) = elements 4q..4q+3 of
+// row r as signed bytes (int4: nib - 8 sym, nib asym); rows nr..15 are zero.  A 16 x 16
+// dword transpose of 16 rows' next 64 code bytes (int8: 16 quads; int4: 32 quads, two per
+// dword, whose nibbles are then spread to bytes).
+template <WEnc E>
+void repack(const WeightView& w, int64_t n, int nr, int8_t* panel) {
+    constexpr bool I8 = E == WEnc::i8;
+    constexpr int64_t step = I8 ? 64 : 128;  // elements per 64 code bytes
+    const int64_t K = w.K, rb = I8 ? K : K / 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * rb;
+    // int4: code bytes 0, 1 (2, 3) of each dword to 16-bit lanes; (u | u << 4) & 0x0f0f
+    // then puts a byte's low nibble (the even element) in the low byte, the high nibble
+    // in the high byte: elements 4q..4q+3 in order.
+    const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
+    const __m512i m4 = _mm512_set1_epi16(0x0f0f);
+    const __m512i eight = _mm512_set1_epi8(8);
+    auto spread = [&](__m512i u) {
+        const __m512i v = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
+        return E == WEnc::i4sym ? _mm512_sub_epi8(v, eight) : v;
+    };
+    for (int64_t k = 0; k < K; k += step) {
+        const int64_t left = K - k < step ? K - k : step;  // int8: a multiple of 4; int4: of 8
+        const int64_t bytes = I8 ? left : left / 2;
+        const __mmask64 m = bytes == 64 ? ~__mmask64{0} : (uint64_t{1} << bytes) - 1;
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+            r[i] = i < nr ? _mm512_maskz_loadu_epi8(m, base + i * rb + (I8 ? k : k / 2)) : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        int8_t* out = panel + 16 * k;
+        for (int j = 0; j < bytes / 4; ++j) {
+            if constexpr (I8) {
+                _mm512_store_si512(out + 64 * j, r[j]);
+            } else {
+                _mm512_store_si512(out + 128 * j, spread(_mm512_shuffle_epi8(r[j], sel0)));
+                _mm512_store_si512(out + 128 * j + 64, spread(_mm512_shuffle_epi8(r[j], sel1)));
+            }
+        }
+    }
+}
+
+// f16 values [n * G + g] of rows n..n+nr as float vectors out[g][r] (rows >= nr zero):
+// 16 groups of 16 rows converted, then transposed.
+void transpose_scales(const uint16_t* src, int64_t n, int nr, int64_t G, float* out) {
+    const uint16_t* base = src + n * G;
+    for (int64_t g0 = 0; g0 < G; g0 += 16) {
+        const int64_t ng = G - g0 < 16 ? G - g0 : 16;
+        const __mmask16 m = static_cast<__mmask16>((1u << ng) - 1u);
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+            r[i] = i < nr ? _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, base + i * G + g0)))
+                          : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        for (int j = 0; j < ng; ++j) _mm512_store_si512(out + 16 * (g0 + j), r[j]);
+    }
+}
+
+// One call's fixed inputs.
+struct Ctx {
+    const WeightView& w;
+    const ActQ8& x;
+    const GemmOut& out;
+    int64_t B, ks, gw;
+    const int8_t* panel;
+    const float* dsc;  // [G][16]
+    const float* msc;  // [G][16], asym
+};
+
+// C tile `ct` = the int32 sums of block i for the token tile at a (A tile `at`, B tile
+// `bt`).  A macro: GCC's tile intrinsics take the tile number as a literal.
+#define EDGEPACK_BLOCK_SUMS(ct, at, bt, c, a, i)                       \
+    do {                                                               \
+        const int64_t k0_ = (i) * (c).B;                               \
+        _tile_zero(ct);                                                \
+        for (int64_t k_ = k0_; k_ < k0_ + (c).B; k_ += (c).ks) {       \
+            _tile_loadd(at, (a) + k_, (c).w.K);                        \
+            _tile_loadd(bt, (c).panel + 16 * k_, 64);                  \
+            _tile_dpbssd(ct, at, bt);                                  \
+        }                                                              \
+    } while (0)
+
+// Tokens [t0, t0 + nt) x rows [n, n + nr); NT = 16 (a full tile, accumulators in
+// registers) or 0 (nt at run time).
+template <int NT, bool I8, bool ASYM>
+void token_tile(const Ctx& c, int64_t t0, int nt_rt, int64_t n, int nr) {
+    const int nt = NT != 0 ? NT : nt_rt;
+    const ActQ8& x = c.x;
+    const int64_t K = c.w.K, ga = x.group, nb = K / c.B, ns = K / ga;
+    const int8_t* a = x.q + t0 * K;
+    const float* srow[16];
+    const float* xsum[16];
+    for (int t = 0; t < 16; ++t) {
+        const int64_t tt = t < nt ? t0 + t : t0;
+        srow[t] = x.s + tt * ns;
+        xsum[t] = ASYM ? reinterpret_cast<const float*>(x.prep + tt * x.prep_stride) : nullptr;
+    }
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+    alignas(64) int32_t cbuf[4][16][16];
+    auto combine = [&](int64_t i, const int32_t (*cb)[16]) {
+        const int64_t b0 = i * c.B, ja = b0 / ga;
+        if constexpr (I8) {
+            for (int t = 0; t < nt; ++t) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb[t]));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(srow[t][ja]), f));
+            }
+        } else {
+            const int64_t jw = b0 / c.gw;
+            const __m512 dv = _mm512_load_ps(c.dsc + 16 * jw);
+            const __m512 mv = ASYM ? _mm512_load_ps(c.msc + 16 * jw) : dv;
+            for (int t = 0; t < nt; ++t) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb[t]));
+                const __m512 s = _mm512_set1_ps(srow[t][ja]);
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(s, dv), f));
+                if (ASYM) {
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(s, mv), _mm512_set1_ps(xsum[t][i])));
+                }
+            }
+        }
+    };
+    // Two stages: the sums of the next two blocks are issued (C2, C3 or C0, C1) before the
+    // two in hand are stored and combined, so the tile unit's latency overlaps the float
+    // work.  The blocks are still combined in order.
+    auto issue01 = [&](int64_t i) {
+        if (i < nb) EDGEPACK_BLOCK_SUMS(0, 4, 6, c, a, i);
+        if (i + 1 < nb) EDGEPACK_BLOCK_SUMS(1, 5, 7, c, a, i + 1);
+    };
+    auto issue23 = [&](int64_t i) {
+        if (i < nb) EDGEPACK_BLOCK_SUMS(2, 4, 6, c, a, i);
+        if (i + 1 < nb) EDGEPACK_BLOCK_SUMS(3, 5, 7, c, a, i + 1);
+    };
+    auto drain01 = [&](int64_t i) {
+        if (i < nb) _tile_stored(0, cbuf[0], 64);
+        if (i + 1 < nb) _tile_stored(1, cbuf[1], 64);
+        if (i < nb) combine(i, cbuf[0]);
+        if (i + 1 < nb) combine(i + 1, cbuf[1]);
+    };
+    auto drain23 = [&](int64_t i) {
+        if (i < nb) _tile_stored(2, cbuf[2], 64);
+        if (i + 1 < nb) _tile_stored(3, cbuf[3], 64);
+        if (i < nb) combine(i, cbuf[2]);
+        if (i + 1 < nb) combine(i + 1, cbuf[3]);
+    };
+    issue01(0);
+    for (int64_t i = 0; i < nb; i += 4) {
+        issue23(i + 2);
+        drain01(i);
+        issue01(i + 4);
+        drain23(i + 2);
+    }
+    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
+    const GemmOut& o = c.out;
+    const __m512 ws = I8 ? _mm512_maskz_loadu_ps(rm, c.w.scales_f32 + n) : _mm512_setzero_ps();
+    for (int t = 0; t < nt; ++t) {
+        __m512 v = I8 ? _mm512_mul_ps(acc[t], ws) : acc[t];
+        if (o.bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rm, o.bias + n));
+        if (o.residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rm, o.residual + (t0 + t) * o.ldr + n));
+        _mm512_mask_storeu_ps(o.y + (t0 + t) * o.ldy + n, rm, v);
+    }
+}
+
+#undef EDGEPACK_BLOCK_SUMS
+
+template <bool I8, bool ASYM>
+void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
+    alignas(64) int8_t panel[kMaxK * 16];
+    alignas(64) float dsc[I8 ? 16 : kMaxGroups * 16];
+    alignas(64) float msc[ASYM ? kMaxGroups * 16 : 16];
+    const int64_t gw = I8 ? w.K : w.group, G = w.K / gw;
+    const Ctx c{w, x, out, p.block, p.ks, gw, panel, dsc, msc};
+    int configured = 0;
+    for (int64_t n = n0; n < n1; n += 16) {
+        const int nr = n1 - n < 16 ? static_cast<int>(n1 - n) : 16;
+        if constexpr (I8) {
+            repack<WEnc::i8>(w, n, nr, panel);
+        } else {
+            repack<ASYM ? WEnc::i4asym : WEnc::i4sym>(w, n, nr, panel);
+            transpose_scales(w.scales_f16, n, nr, G, dsc);
+            if (ASYM) transpose_scales(w.zeros_f16, n, nr, G, msc);
+        }
+        for (int64_t t0 = 0; t0 < x.T; t0 += 16) {
+            const int nt = x.T - t0 < 16 ? static_cast<int>(x.T - t0) : 16;
+            if (nt != configured) {
+                configure(nt, p.ks);
+                configured = nt;
+            }
+            if (nt == 16) {
+                token_tile<16, I8, ASYM>(c, t0, nt, n, nr);
+            } else {
+                token_tile<0, I8, ASYM>(c, t0, nt, n, nr);
+            }
+        }
+    }
+    if (configured != 0) _tile_release();
+}
+
+const InferTable& base() { return avx512_infer_table(); }
+
+// Asym only: float(sum of the block's activation codes) per token and block.
+int64_t tile_prep_bytes(const WeightView& w, int64_t ga) {
+    const Plan p = plan_for(w, ga);
+    return p.ok && w.enc == WEnc::i4asym ? w.K / p.block * 4 : 0;
+}
+
+void tile_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    if (w.enc != WEnc::i4asym) return;
+    const int64_t K = x.K, B = plan_for(w, x.group).block, nb = K / B;
+    const __m512i ones = _mm512_set1_epi8(1);
+    alignas(64) int32_t quads[kMaxK / 4];
+    for (int64_t t = t0; t < t1; ++t) {
+        const int8_t* q = x.q + t * K;
+        for (int64_t k = 0; k < K; k += 64) {
+            const __mmask64 m = K - k >= 64 ? ~__mmask64{0} : (uint64_t{1} << (K - k)) - 1;
+            const __m512i v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_maskz_loadu_epi8(m, q + k));
+            _mm512_mask_storeu_epi32(quads + k / 4, static_cast<__mmask16>(K - k >= 64 ? 0xffff : (1u << ((K - k) / 4)) - 1u), v);
+        }
+        float* xs = reinterpret_cast<float*>(x.prep + t * x.prep_stride);
+        for (int64_t i = 0; i < nb; ++i) {
+            int32_t s = 0;
+            for (int64_t j = i * B / 4; j < (i + 1) * B / 4; ++j) s += quads[j];
+            xs[i] = static_cast<float>(s);
+        }
+    }
+}
+
+int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
+    const int64_t a = base().q8_prep_bytes(w, ga), b = tile_prep_bytes(w, ga);
+    return a > b ? a : b;
+}
+
+void q8_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    if (use_tiles(w, x)) return tile_prep(w, x, t0, t1);
+    base().q8_prep(w, x, t0, t1);
+}
+
+void q8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    if (!use_tiles(w, x)) return base().q8_gemm(w, x, n0, n1, out);
+    const Plan p = plan_for(w, x.group);
+    if (w.enc == WEnc::i8) return tiles_gemm<true, false>(w, x, n0, n1, out, p);
+    if (w.enc == WEnc::i4asym) return tiles_gemm<false, true>(w, x, n0, n1, out, p);
+    tiles_gemm<false, false>(w, x, n0, n1, out, p);
+}
+
+}  // namespace
+
+const InferTable& amx_infer_table() {
+    static const InferTable t = [] {
+        InferTable r = base();
+        r.name = "amx";
+        r.q8_prep_bytes = q8_prep_bytes;
+        r.q8_prep = q8_prep;
+        r.q8_gemm = q8_gemm;
+        return r;
+    }();
+    return t;
+}
+
+}  // namespace infer
+}  // namespace edgepack
