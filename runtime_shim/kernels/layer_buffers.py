@@ -92,6 +92,9 @@ def _linear_buffers(
         out.append(_spec(f"{name}.in_s", T * (K // lin.act_group) * _F32, first, applied))
     if quantized_input and lin.factors is not None:  # low-rank factors take float input
         out.append(_spec(f"{name}.in_f", T * K * _F32, applied, applied))
+    if quantized_input and lin.native is not None:  # that input in the kernels' layout
+        prep = lin.native.q8_prep_bytes(lin.act_group)
+        out.append(_spec(f"{name}.prep", T * prep, applied, applied))
     if lora_rank > 0:
         if quantized_input:
             out.append(_spec(f"{name}.lora_x", T * K * _F32, applied, applied))

@@ -110,6 +110,13 @@ struct Arena {
         }
         return reinterpret_cast<T*>(base + plan->offset[slot]);
     }
+
+    // `bytes` at `slot` when the plan gives it that many, else nullptr (no plan, or one made
+    // for kernels with a smaller layout: set_isa after open): the op's own scratch serves.
+    uint8_t* planned(int slot, int64_t bytes) {
+        if (plan == nullptr || bytes <= 0 || plan->size[slot] < bytes) return nullptr;
+        return get<uint8_t>(slot, bytes);
+    }
 };
 
 bool overflowed(const Result& r, const float* s, int64_t n) {
@@ -193,7 +200,9 @@ struct Runner {
         if (l.u != nullptr) {
             lowrank(*l.u, *l.v, act_f32(as_float(in, l.K), l.K), o);
         } else if (in.q != nullptr && l.quantized) {
-            matmul_q8(*l.w, act_q8(in, l.K), o);
+            ActQ8 x = act_q8(in, l.K);
+            x.prep = ar.planned(slot_of(cur, LinSlot::prep), a.T * active().q8_prep_bytes(*l.w, in.group));
+            matmul_q8(*l.w, x, o);
         } else {
             matmul_f32(*l.w, act_f32(as_float(in, l.K), l.K), o);
         }

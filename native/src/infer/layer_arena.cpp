@@ -21,7 +21,7 @@ const char* const kLayerSlotNames[] = {"attn_h", "attn_q8", "attn_s", "q_out", "
 static_assert(sizeof(kLayerSlotNames) / sizeof(kLayerSlotNames[0]) == static_cast<size_t>(Slot::linears),
               "one name per layer slot");
 const char* const kLinearNames[kLinears] = {"q", "k", "v", "o", "gate", "up", "down"};
-const char* const kLinSlotNames[kLinSlots] = {"in_q8", "in_s", "in_f", "lora_x", "lora_h"};
+const char* const kLinSlotNames[kLinSlots] = {"in_q8", "in_s", "in_f", "lora_x", "lora_h", "prep"};
 
 int slot_index(const std::string& name) {
     for (int i = 0; i < kSlots; ++i) {

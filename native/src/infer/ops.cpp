@@ -174,7 +174,7 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
     ActQ8 x = xin;
     const int64_t pb = tb.q8_prep_bytes(w, x.group);
     if (pb > 0) {
-        x.prep = scratch(0, x.T * pb);
+        if (x.prep == nullptr) x.prep = scratch(0, x.T * pb);  // else the caller's T * pb bytes (a planned slot)
         x.prep_stride = pb;
         if (x.T * x.K < kParallelMin) {
             tb.q8_prep(w, x, 0, x.T);
