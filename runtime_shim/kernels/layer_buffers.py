@@ -57,6 +57,10 @@ def _one_layer(
         _spec("k_out", T * KD * _F32, "qkv", "attention"),
         _spec("v_out", T * KD * _F32, "qkv", "attention"),
         _spec("att", T * QD * _F32, "attention", "o"),
+        # a rotating KV layout's copies of q, k and v (planned for any: bytes reused here)
+        _spec("q_rot", T * QD * _F32, "attention", "attention"),
+        _spec("k_rot", T * KD * _F32, "attention", "attention"),
+        _spec("v_rot", T * KD * _F32, "attention", "attention"),
         _spec("x1", T * H * _F32, "o", "down"),  # the residual down adds to
         _spec("ffn_h", T * H * _F32, "ffn_norm", "gate_up"),
         _spec("gate_out", T * F * _F32, "gate_up", "act"),

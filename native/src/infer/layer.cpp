@@ -111,11 +111,13 @@ struct Arena {
         return reinterpret_cast<T*>(base + plan->offset[slot]);
     }
 
-    // `bytes` at `slot` when the plan gives it that many, else nullptr (no plan, or one made
-    // for kernels with a smaller layout: set_isa after open): the op's own scratch serves.
-    uint8_t* planned(int slot, int64_t bytes) {
-        if (plan == nullptr || bytes <= 0 || plan->size[slot] < bytes) return nullptr;
-        return get<uint8_t>(slot, bytes);
+    // n T at `slot` when the plan gives it that many bytes, else nullptr (no plan, or one
+    // made for kernels with a smaller layout: set_isa after open): the op's own scratch serves.
+    template <class T>
+    T* planned(int slot, int64_t n) {
+        const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+        if (plan == nullptr || n <= 0 || plan->size[slot] < bytes) return nullptr;
+        return get<T>(slot, n);
     }
 };
 
@@ -201,7 +203,7 @@ struct Runner {
             lowrank(*l.u, *l.v, act_f32(as_float(in, l.K), l.K), o);
         } else if (in.q != nullptr && l.quantized) {
             ActQ8 x = act_q8(in, l.K);
-            x.prep = ar.planned(slot_of(cur, LinSlot::prep), a.T * active().q8_prep_bytes(*l.w, in.group));
+            x.prep = ar.planned<uint8_t>(slot_of(cur, LinSlot::prep), a.T * active().q8_prep_bytes(*l.w, in.group));
             matmul_q8(*l.w, x, o);
         } else {
             matmul_f32(*l.w, act_f32(as_float(in, l.K), l.K), o);
@@ -330,6 +332,11 @@ struct Runner {
         at.out = att;
         at.window = a.window;
         at.softcap = a.softcap;
+        if (a.kv.rotate) {  // the rotated copies it makes (none planned: its scratch)
+            at.rot_q = ar.planned<float>(slot_of(Slot::q_rot), T * QD);
+            at.rot_k = ar.planned<float>(slot_of(Slot::k_rot), T * KD);
+            at.rot_v = ar.planned<float>(slot_of(Slot::v_rot), T * KD);
+        }
         const Result kv_r = attention(a.kv, at);
         if (kv_r.status != Status::ok) {
             if (!a.act) kv_error = kv_r;
