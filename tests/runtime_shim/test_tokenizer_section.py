@@ -11,14 +11,8 @@ import numpy as np
 import pytest
 
 from edgepack.cli.exit_codes import EXIT_CORRUPT, exit_code_for
-from edgepack.format import (
-    CorruptPackageError,
-    Encoding,
-    ModelIdentity,
-    Package,
-    PackageWriter,
-    SectionKind,
-)
+from edgepack.format import Encoding, ModelIdentity, Package, PackageWriter, SectionKind
+from edgepack.format.errors import CorruptPackageError
 from edgepack.runtime_shim import Tokenizer, TokenizerUnavailableError
 
 
