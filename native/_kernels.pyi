@@ -185,6 +185,9 @@ class Weight:
     @property
     def nbytes(self) -> int:
         """Weight bytes one full matmul reads (codes + scales + zeros)."""
+    def q8_prep_bytes(self, act_group: int) -> int:
+        """Bytes per token the active kernels lay an int8 input of ``act_group`` out in
+        before their matmul (0: they read it as it is); decoder_layer's ``*.prep`` slot."""
 
 def linear_q8(
     xq: npt.NDArray[np.int8],

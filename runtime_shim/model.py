@@ -56,6 +56,10 @@ _log = logging.getLogger("edgepack.runtime")
 VERIFY_MODES = ("signature", "full", "none")
 ACT_MODES = ("auto", "int8", "float")
 INJECT_ENV = "EDGEPACK_INJECT_OVERFLOW"  # test hook: "3,7" or "all"
+# A forward whose hidden states ([tokens, hidden] float32) reach this many bytes frees
+# prompt-sized buffers (its chunks' activations, the kernels' outputs) that the heap would
+# otherwise keep resident through decode: they are handed back to the OS after it.
+_RELEASE_AFTER_BYTES = 1 << 20
 _END_TOKENS = frozenset(
     {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<|end|>"}
 )
@@ -374,9 +378,13 @@ class Model:
                 f"{self.config.max_position_embeddings}"
             )
         with self.lock:
-            return self._forward(
-                seq, tokens, logits, stats or ForwardStats(), collect, teacher, adapter
-            )
+            try:
+                return self._forward(
+                    seq, tokens, logits, stats or ForwardStats(), collect, teacher, adapter
+                )
+            finally:
+                if len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES:
+                    release_freed_memory()
 
     def _forward(
         self,

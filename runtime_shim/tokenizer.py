@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from edgepack.format import Package, SectionKind
+from edgepack.format.errors import CorruptPackageError, EdgepackError
 
 from .errors import TokenizerUnavailableError
 
@@ -37,9 +38,7 @@ class Tokenizer:
         """``spec``: the parsed ``tokenizer.json``, or its bytes. From bytes the
         ``tokenizers`` backend never builds the Python objects of the JSON (tens of MiB
         for a 49k vocabulary, part of ``edgepack run``'s peak memory); nothing keeps it."""
-        choice = (backend or os.environ.get(ENV_VAR, "") or "auto").lower()
-        if choice not in ("auto", "python", "tokenizers"):
-            raise ValueError(f"tokenizer backend must be python or tokenizers, got {choice!r}")
+        choice = _backend_choice(backend)
         self._impl: Any = None
         if choice in ("auto", "tokenizers"):
             try:
@@ -64,10 +63,24 @@ class Tokenizer:
 
     @classmethod
     def from_package(cls, pkg: Package, backend: str | None = None) -> Tokenizer:
-        raw = pkg.section(SectionKind.TOKENIZER)
-        if raw is None:
+        """The package's tokenizer. Its section is hash-checked but not parsed by the
+        reader (``Package.section`` checks a JSON section with ``json.loads``: the Python
+        objects of a 49k vocabulary, once more than the tokenizer's own parse, ~2.5 MiB
+        of them left in the heap); a section that does not parse is corrupt all the same."""
+        sections = pkg.sections(SectionKind.TOKENIZER)
+        if not sections:
             raise TokenizerUnavailableError("the package has no tokenizer section")
-        return cls(bytes(raw), backend)
+        if len(sections) > 1:
+            raise CorruptPackageError("the package has several tokenizer sections")
+        raw = bytes(pkg.section_view(sections[0]))
+        _backend_choice(backend)  # a bad choice is the caller's ValueError, not corruption
+        try:
+            return cls(raw, backend)
+        except EdgepackError:
+            raise
+        except Exception as exc:  # tokenizers raises plain Exception on a bad document
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise CorruptPackageError(f"the tokenizer section does not parse: {message}") from None
 
     @classmethod
     def from_json(cls, text: str, backend: str | None = None) -> Tokenizer:
@@ -99,6 +112,13 @@ class Tokenizer:
 
     def stream(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return StreamDecoder(self, skip_special_tokens)
+
+
+def _backend_choice(backend: str | None) -> str:
+    choice = (backend or os.environ.get(ENV_VAR, "") or "auto").lower()
+    if choice not in ("auto", "python", "tokenizers"):
+        raise ValueError(f"tokenizer backend must be python or tokenizers, got {choice!r}")
+    return choice
 
 
 def special_tokens(spec: dict[str, Any]) -> dict[int, str]:

@@ -57,6 +57,10 @@ def _one_layer(
         _spec("k_out", T * KD * _F32, "qkv", "attention"),
         _spec("v_out", T * KD * _F32, "qkv", "attention"),
         _spec("att", T * QD * _F32, "attention", "o"),
+        # a rotating KV layout's copies of q, k and v (planned for any: bytes reused here)
+        _spec("q_rot", T * QD * _F32, "attention", "attention"),
+        _spec("k_rot", T * KD * _F32, "attention", "attention"),
+        _spec("v_rot", T * KD * _F32, "attention", "attention"),
         _spec("x1", T * H * _F32, "o", "down"),  # the residual down adds to
         _spec("ffn_h", T * H * _F32, "ffn_norm", "gate_up"),
         _spec("gate_out", T * F * _F32, "gate_up", "act"),
@@ -92,6 +96,9 @@ def _linear_buffers(
         out.append(_spec(f"{name}.in_s", T * (K // lin.act_group) * _F32, first, applied))
     if quantized_input and lin.factors is not None:  # low-rank factors take float input
         out.append(_spec(f"{name}.in_f", T * K * _F32, applied, applied))
+    if quantized_input and lin.native is not None:  # that input in the kernels' layout
+        prep = lin.native.q8_prep_bytes(lin.act_group)
+        out.append(_spec(f"{name}.prep", T * prep, applied, applied))
     if lora_rank > 0:
         if quantized_input:
             out.append(_spec(f"{name}.lora_x", T * K * _F32, applied, applied))

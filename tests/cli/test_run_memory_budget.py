@@ -64,23 +64,32 @@ def test_run_stays_within_the_memory_budget(tmp_path: Path) -> None:
     assert st["peak_rss_bytes"] - base <= budget, (st, base)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc")
-@pytest.mark.parametrize("prompt_chars", [24, 2600], ids=["short", "long"])
-def test_smollm2_int4_run_adds_at_most_the_budget(
-    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory, prompt_chars: int
-) -> None:
-    """The real model, the real command, in a fresh process: what the run adds to the
-    resident set it started with (the tokenizer, the native module and the weights
-    included; the interpreter and the imports not) stays within the budget. A long prompt
-    (~600 tokens) fills the arena's prefill plan and 6 MiB of KV. The issue's budget on
-    the whole process is not met: the absolute figures are printed."""
+# Below the issue's budget on the whole process, a floor no run can go under: the
+# interpreter, numpy and the tokenizers library with SmolLM2's 49k vocabulary built in
+# them (measured: ~11 + ~19 + ~19 MiB, already over the 40 MiB of slack). The run-added
+# test holds; the whole-process one is expected to fail until that floor drops.
+_WHOLE_PROCESS_GAP = (
+    "the interpreter, numpy and the built tokenizers vocabulary alone exceed the 40 MiB "
+    "slack (~49 MiB measured): the whole-process budget is not met"
+)
+
+
+@pytest.fixture(scope="module", params=[24, 2600], ids=["short", "long"])
+def smollm2_run_stats(
+    request: pytest.FixtureRequest, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict:
+    """`edgepack run` of SmolLM2 int4 in a fresh process, 32 tokens from a short prompt or
+    a long one (~700 tokens: it fills the arena's prefill plan and 7 MiB of KV); its
+    ``--stats-json``, the absolute figures printed."""
     from runtime_fixtures import eval_text, smollm2_package
 
+    if not sys.platform.startswith("linux"):
+        pytest.skip("RSS from /proc")
     root = tmp_path_factory.getbasetemp() / "smollm2-runtime"
     root.mkdir(exist_ok=True)
     pkg = smollm2_package(smollm2_gguf, root, "int4-g32")
     prompt = tmp_path_factory.mktemp("prompt") / "prompt.txt"
-    prompt.write_text(("The capital of France is " + eval_text())[:prompt_chars])
+    prompt.write_text(("The capital of France is " + eval_text())[: request.param])
     stats_file = prompt.with_suffix(".json")
     args = ["run", str(pkg), "-f", str(prompt), "--max-tokens", "32", "--verify", "none"]
     proc = subprocess.run(
@@ -89,12 +98,32 @@ def test_smollm2_int4_run_adds_at_most_the_budget(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     st = json.loads(stats_file.read_text())
-    budget = st["weights_mapped_bytes"] + st["kv_bytes"] + st["arena_bytes"] + SLACK
-    added = st["peak_rss_bytes"] - st["rss_before_open_bytes"]
     mib = 2**20
+    added = st["peak_rss_bytes"] - st["rss_before_open_bytes"]
     print(
         f"{st['prompt_tokens']} prompt tokens: peak RSS {st['peak_rss_bytes'] / mib:.1f} MiB, "
         f"{st['rss_before_open_bytes'] / mib:.1f} MiB of it before open; the run added "
-        f"{added / mib:.1f} MiB, budget {budget / mib:.1f} MiB"
+        f"{added / mib:.1f} MiB, budget {_budget(st) / mib:.1f} MiB"
     )
-    assert added <= budget, (st, budget)
+    return st
+
+
+def _budget(st: dict) -> int:
+    return st["weights_mapped_bytes"] + st["kv_bytes"] + st["arena_bytes"] + SLACK
+
+
+def test_smollm2_int4_run_adds_at_most_the_budget(smollm2_run_stats: dict) -> None:
+    """What the run adds to the resident set it started with (the tokenizer, the native
+    module and the weights included; the interpreter and the imports not) stays within
+    the budget."""
+    st = smollm2_run_stats
+    added = st["peak_rss_bytes"] - st["rss_before_open_bytes"]
+    assert added <= _budget(st), (st, _budget(st))
+
+
+@pytest.mark.xfail(strict=True, reason=_WHOLE_PROCESS_GAP)
+def test_smollm2_int4_whole_process_within_the_budget(smollm2_run_stats: dict) -> None:
+    """The issue's target on the whole process: peak RSS <= weights mapped + KV in use +
+    arena + 40 MiB (strict: it turns red the day it holds, to be made a plain test)."""
+    st = smollm2_run_stats
+    assert st["peak_rss_bytes"] <= _budget(st), (st, _budget(st))

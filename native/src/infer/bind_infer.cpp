@@ -929,6 +929,8 @@ void bind_infer(py::module_& m) {
         .def_property_readonly("encoding", [](const Weight& w) { return std::string(encoding_name(w.view.enc)); })
         .def_property_readonly("group", [](const Weight& w) { return w.view.group; })
         .def_property_readonly("nbytes", &Weight::nbytes)
+        .def("q8_prep_bytes", [](const Weight& w, int64_t act_group) { return active().q8_prep_bytes(w.view, act_group); },
+             py::arg("act_group"), "Bytes per token the active kernels lay an int8 input out in (0: none).")
         .def("__repr__", [](const Weight& w) {
             return "Weight(" + std::string(encoding_name(w.view.enc)) + ", shape=(" + std::to_string(w.view.N) + ", " +
                    std::to_string(w.view.K) + "), group=" + std::to_string(w.view.group) + ")";

@@ -110,6 +110,15 @@ struct Arena {
         }
         return reinterpret_cast<T*>(base + plan->offset[slot]);
     }
+
+    // n T at `slot` when the plan gives it that many bytes, else nullptr (no plan, or one
+    // made for kernels with a smaller layout: set_isa after open): the op's own scratch serves.
+    template <class T>
+    T* planned(int slot, int64_t n) {
+        const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+        if (plan == nullptr || n <= 0 || plan->size[slot] < bytes) return nullptr;
+        return get<T>(slot, n);
+    }
 };
 
 bool overflowed(const Result& r, const float* s, int64_t n) {
@@ -193,7 +202,9 @@ struct Runner {
         if (l.u != nullptr) {
             lowrank(*l.u, *l.v, act_f32(as_float(in, l.K), l.K), o);
         } else if (in.q != nullptr && l.quantized) {
-            matmul_q8(*l.w, act_q8(in, l.K), o);
+            ActQ8 x = act_q8(in, l.K);
+            x.prep = ar.planned<uint8_t>(slot_of(cur, LinSlot::prep), a.T * active().q8_prep_bytes(*l.w, in.group));
+            matmul_q8(*l.w, x, o);
         } else {
             matmul_f32(*l.w, act_f32(as_float(in, l.K), l.K), o);
         }
@@ -321,6 +332,11 @@ struct Runner {
         at.out = att;
         at.window = a.window;
         at.softcap = a.softcap;
+        if (a.kv.rotate) {  // the rotated copies it makes (none planned: its scratch)
+            at.rot_q = ar.planned<float>(slot_of(Slot::q_rot), T * QD);
+            at.rot_k = ar.planned<float>(slot_of(Slot::k_rot), T * KD);
+            at.rot_v = ar.planned<float>(slot_of(Slot::v_rot), T * KD);
+        }
         const Result kv_r = attention(a.kv, at);
         if (kv_r.status != Status::ok) {
             if (!a.act) kv_error = kv_r;

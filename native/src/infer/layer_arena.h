@@ -19,13 +19,14 @@ namespace infer {
 // Buffers of the layer itself, then kLinSlots per linear (q, k, v, o, gate, up, down).
 enum class Slot : int {
     attn_h, attn_q8, attn_s, q_out, k_out, v_out, att, attn_post, x1,
-    ffn_h, ffn_q8, ffn_s, gate_out, up_out, act_out, ffn_post, linears
+    ffn_h, ffn_q8, ffn_s, gate_out, up_out, act_out, ffn_post, q_rot, k_rot, v_rot, linears
 };
 // A linear's input quantized for it (codes, scales), dequantized (low-rank factors read
-// floats), the adapter's float input and its [T, rank] product.
-enum class LinSlot : int { in_q8, in_s, in_f, lora_x, lora_h };
+// floats), the adapter's float input and its [T, rank] product, and the int8 input laid
+// out for the active kernels (their q8_prep: T * q8_prep_bytes bytes).
+enum class LinSlot : int { in_q8, in_s, in_f, lora_x, lora_h, prep };
 constexpr int kLinears = 7;
-constexpr int kLinSlots = 5;
+constexpr int kLinSlots = 6;
 constexpr int kSlots = static_cast<int>(Slot::linears) + kLinears * kLinSlots;
 static_assert(kSlots <= 64, "Arena tracks the slots taken in one 64-bit mask");
 

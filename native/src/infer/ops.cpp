@@ -174,7 +174,7 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
     ActQ8 x = xin;
     const int64_t pb = tb.q8_prep_bytes(w, x.group);
     if (pb > 0) {
-        x.prep = scratch(0, x.T * pb);
+        if (x.prep == nullptr) x.prep = scratch(0, x.T * pb);  // else the caller's T * pb bytes (a planned slot)
         x.prep_stride = pb;
         if (x.T * x.K < kParallelMin) {
             tb.q8_prep(w, x, 0, x.T);
@@ -228,9 +228,9 @@ void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy) 
     pool().parallel_for(b.N, 64, rows, 2);
 }
 
-// [T, H, D] rows (token stride ts) rotated into contiguous scratch of the given slot.
-static const float* rotated(int slot, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
-    auto* r = reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
+// [T, H, D] rows (token stride ts) rotated into `into` (nullptr: scratch of the given slot).
+static const float* rotated(int slot, float* into, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
+    auto* r = into != nullptr ? into : reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
     for (int64_t t = 0; t < T; ++t) {
         for (int64_t h = 0; h < H; ++h) {
             float* row = r + (t * H + h) * D;
@@ -248,8 +248,8 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     AttnArgs a = a_in;
     if (kv.rotate) {  // the stored basis: K and V rotated, then quantized as usual
         kv.rotate = false;
-        a.k = rotated(4, a.k, a.kts, a.T, H, D);
-        a.v = rotated(5, a.v, a.vts, a.T, H, D);  // (attend's rotated q reuses slot 5 later)
+        a.k = rotated(4, a.rot_k, a.k, a.kts, a.T, H, D);
+        a.v = rotated(5, a.rot_v, a.v, a.vts, a.T, H, D);  // (attend's rotated q reuses slot 5 later)
         a.kts = a.vts = H * D;
     }
     const int64_t n = kv.v_group;
@@ -295,7 +295,7 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     AttnArgs a = a_in;
     if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
         kv.rotate = false;
-        a.q = rotated(5, a.q, a.qts, a.T, a.n_heads, kv.head_dim);
+        a.q = rotated(5, a.rot_q, a.q, a.qts, a.T, a.n_heads, kv.head_dim);
         a.qts = a.n_heads * kv.head_dim;
         attend(kv, a);
         for (int64_t i = 0; i < a.T * a.n_heads; ++i) hadamard_row(a.out + i * kv.head_dim, kv.head_dim);

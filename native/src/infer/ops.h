@@ -58,6 +58,11 @@ struct AttnArgs {
     float* out = nullptr;
     int64_t window = 0;    // sliding window (0: none): query t sees [start + t + 1 - window, start + t]
     float softcap = 0.0f;  // score soft-capping (0: none)
+    // Where a rotating cache (KvCache::rotate) puts its rotated q, k and v ([T, heads, D]
+    // floats each): the caller's buffers (a planned arena's), or nullptr: per-thread scratch.
+    float* rot_q = nullptr;
+    float* rot_k = nullptr;
+    float* rot_v = nullptr;
 };
 Result kv_append(const KvCache& kv, const AttnArgs& a);
 void attend(const KvCache& kv, const AttnArgs& a);  // after kv_append
