@@ -14,6 +14,7 @@ from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim.kernels import Fallback, LayerContext, NativeKernels
 from edgepack.runtime_shim.kernels.interface import StackResult
+from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool
 from edgepack.runtime_shim.stats import ForwardStats
 
 IDS = [5, 17, 3, 99, 42, 7, 64, 2, 11]
@@ -112,6 +113,37 @@ def test_stack_stops_at_a_layer_it_cannot_run_and_returns_its_input(pkg: Path) -
         np.testing.assert_array_equal(logits, m._project_head(normed[-1:], ForwardStats()))
         assert stack.run(x0, ctxs[0], kvs, windows, head=False)[3] is None
         seq.release()
+
+
+def test_stack_checks_every_calls_block_table_and_reads_a_new_pools_arrays(pkg: Path) -> None:
+    """The one call keeps each layer's parsed KV arrays while it is given the same views:
+    a block table naming a block outside the pool is still refused, and the views of
+    another pool (another layout) are read afresh, with the per-layer bits."""
+    native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", kv="int8", verify="none") as m:
+        int8_steps = _steps(m)  # the stack now holds the int8 pool's views
+        pos = np.arange(1, dtype=np.int64)
+        cos, sin = m.rope.lookup(pos)
+        cfg, kvs = m.config, m._layer_kvs()
+        ctx = LayerContext(
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos,
+            block_table=np.asarray([m.kv_pool.num_blocks], np.int32), n_ctx=1, kv=kvs[0],
+            act_int8=m.act_int8,
+        )  # fmt: skip
+        stack = m.kernels._stack(m.weights, ctx)
+        x = m.weights.embed.lookup(np.asarray(IDS[:1]))
+        with pytest.raises(ValueError, match="block_table"):
+            stack.run(x, ctx, kvs, cfg.windows)
+        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, KVCacheConfig("float"))
+        m.kv_pool = pool
+        got = {}
+        for one_call in (False, True):
+            m.one_call = one_call
+            got[one_call] = _steps(m)
+    for a, b in zip(got[False], got[True], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(a, b) for a, b in zip(int8_steps, got[True], strict=True))
 
 
 def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None:

@@ -661,10 +661,9 @@ void parse_call(const py::object& x_in, const py::object& ctx, LayerArgs& a, std
     }
 }
 
-// One layer's KV cache (kvo over the block table) and sliding window, or kv_layout when
-// the native kernels lack the cache's layout.
-Fallback parse_kv(const py::object& kvo, const py::object& table, const py::object& win, LayerArgs& a,
-                  std::vector<py::object>& keep) {
+// One layer's KV cache arrays (kvo; no block table yet) and sliding window, or kv_layout
+// when the native kernels lack the cache's layout.
+Fallback parse_kv_arrays(const py::object& kvo, const py::object& win, LayerArgs& a, std::vector<py::object>& keep) {
     // KV cache (validated by the same code as attention_prefill)
     const std::string mode = get(kvo, "mode").cast<std::string>();
     // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
@@ -678,9 +677,9 @@ Fallback parse_kv(const py::object& kvo, const py::object& table, const py::obje
     }
     const py::object layout = get_opt(kvo, "layout");
     const bool rotate = !layout.is_none() && get_opt(layout, "rotate").is(py::bool_(true));
-    KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 table, a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
-                                 v5 ? get(kvo, "v_mins") : py::none(), rotate);
+    KvHandle kvh = kv_arrays_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
+                                  v5 || v6 ? get(kvo, "v_high") : py::none(), v5 ? get(kvo, "v_mins") : py::none(),
+                                  rotate);
     a.kv = kvh.kv;
     keep.insert(keep.end(), kvh.keep.begin(), kvh.keep.end());
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
@@ -689,6 +688,15 @@ Fallback parse_kv(const py::object& kvo, const py::object& table, const py::obje
         if (a.window < 1) bad("ctx.window must be >= 1");
     }
     return Fallback::none;
+}
+
+// One layer's KV cache (kvo over the block table) and sliding window, or kv_layout when
+// the native kernels lack the cache's layout.
+Fallback parse_kv(const py::object& kvo, const py::object& table, const py::object& win, LayerArgs& a,
+                  std::vector<py::object>& keep) {
+    const Fallback reason = parse_kv_arrays(kvo, win, a, keep);
+    if (reason == Fallback::none) keep.push_back(bind_block_table(a.kv, table, a.start + a.T));
+    return reason;
 }
 
 // A layer's weights, checked against the hidden size and heads already in `a`.
@@ -873,6 +881,18 @@ Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
 struct Stack {
     std::vector<LayerArgs> layers;  // the weight fields of each layer (parse_weights)
     std::vector<py::object> keep;
+    // Each layer's KV cache arrays and window as last parsed, kept while run is given the
+    // same objects (the runtime's LayerKV views are frozen, over a pool's fixed arrays, and
+    // its windows a fixed list): a decode step then reads no attribute of them, only the
+    // call's block table, checked once against every layer's cache.
+    struct KvSlot {
+        py::object kvo, win;  // the objects parsed (kept: their identity stays theirs)
+        KvCache kv;
+        int64_t window = 0;
+        Fallback reason = Fallback::none;
+        std::vector<py::object> keep;
+    };
+    std::vector<KvSlot> kv_slots;
     const float* norm = nullptr;
     float eps = 0.0f;
     Lin head;
@@ -918,17 +938,45 @@ struct Stack {
         }
         const py::object table = get(ctx, "block_table");
         std::vector<LayerArgs> args(layers);
+        kv_slots.resize(static_cast<size_t>(n));
         int64_t parsed = 0;
         Fallback reason = Fallback::none;
+        KvCache checked;  // the geometry the block table was last checked against
         for (; parsed < n; ++parsed) {
             LayerArgs& a = args[parsed];
             take_call(call, a);
-            reason = parse_kv(kvs[parsed], table, windows[parsed], a, call_keep);
+            reason = kv_of(parsed, kvs[parsed], windows[parsed], a, call_keep);
             if (reason != Fallback::none) break;
+            if (parsed == 0 || a.kv.n_blocks != checked.n_blocks || a.kv.block_size != checked.block_size) {
+                call_keep.push_back(bind_block_table(a.kv, table, a.start + a.T));
+                checked = a.kv;
+            } else {
+                a.kv.table = checked.table;
+                a.kv.table_len = checked.table_len;
+            }
             if (!loras_in.is_none()) bind_lora(loras[parsed], a, call_keep);
         }
         if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
         return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr);
+    }
+
+    // Layer i's KV cache arrays and window into `a` (no block table): the cached parse
+    // when kvo and win are the objects it was made from, else parsed and cached.
+    Fallback kv_of(int64_t i, const py::object& kvo, const py::object& win, LayerArgs& a,
+                  std::vector<py::object>& call_keep) {
+        KvSlot& slot = kv_slots[static_cast<size_t>(i)];
+        if (!slot.kvo || !slot.kvo.is(kvo) || !slot.win.is(win)) {
+            slot = KvSlot{};
+            slot.reason = parse_kv_arrays(kvo, win, a, slot.keep);
+            slot.kv = a.kv;
+            slot.window = a.window;
+            slot.kvo = kvo;
+            slot.win = win;
+        }
+        a.kv = slot.kv;
+        a.window = slot.window;
+        call_keep.push_back(slot.kvo);  // its arrays live while this call runs, whatever the slot holds next
+        return slot.reason;
     }
 
     // The fields parse_call sets, from `c` into the layer's `a`.
