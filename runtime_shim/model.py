@@ -197,6 +197,7 @@ class Model:
         self._default_session = None
         self._warned_nonfinite = False
         self._stop_ids: set[int] | None = None
+        self._unread_stats = ForwardStats()  # of forward calls given none (not one per call)
         self.adapters: list[AdapterHandle] = []  # loaded by load_adapter, any session's pick
         # (trusted keys, threshold, require_signature) adapter-only packages are checked with
         self.adapter_trust: tuple[list[Any] | None, int, bool] = (None, 1, False)
@@ -374,9 +375,9 @@ class Model:
                 f"{self.config.max_position_embeddings}"
             )
         with self.lock:
-            return self._forward(
-                seq, tokens, logits, stats or ForwardStats(), collect, teacher, adapter
-            )
+            if stats is None:
+                stats = self._unread_stats
+            return self._forward(seq, tokens, logits, stats, collect, teacher, adapter)
 
     def _forward(
         self,
@@ -420,12 +421,12 @@ class Model:
         ran it all and ``head`` asks for it, the head's logits of its last row."""
         cfg, k = self.config, self.kernels
         start = seq.length
-        seq.prepare(chunk)
+        seq.reserve(chunk)
         positions = np.arange(start, start + len(chunk), dtype=np.int64)
         n_ctx = start + len(chunk)
         table = seq.block_table(n_ctx)
         cos, sin = self.rope.lookup(positions)
-        x = self.weights.embed.lookup(np.asarray(chunk))
+        x = self.weights.embed.lookup(chunk)
         if cfg.embedding_scale is not None:  # float32, as transformers' Gemma scales them
             x = x * np.float32(cfg.embedding_scale)
         if collect is not None:
