@@ -194,3 +194,25 @@ def test_one_call_forward_with_an_adapter_gives_the_per_layer_bits(
         base_logits = m.session().logits(AIDS)
     np.testing.assert_array_equal(got[False], got[True], strict=True)
     assert not np.array_equal(base_logits, got[True])
+
+
+@pytest.mark.parametrize("encoding", ["int8", "int4-g32"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_steps_give_the_single_ops_bits_where_the_pool_splits_the_products(
+    tmp_path_factory: pytest.TempPathFactory, encoding: str, threads: int
+) -> None:
+    """A decode step runs q/k/v and gate/up as one pool job each: at sizes the pool splits
+    (q and gate here; k and v too small to split), every logit is what the Python chain
+    over the single native ops (one matmul per call) gives."""
+    native_runtime_module("Stack")
+    root = tmp_path_factory.mktemp(f"one-job-{encoding}")
+    dims = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
+    pkg = convert_to(root, tiny_model_dir(root, num_hidden_layers=2, **dims), encoding)
+    got = {}
+    for fused in (True, False):
+        with rt.open(pkg, kernels="native", threads=threads, verify="none") as m:
+            assert isinstance(m.kernels, NativeKernels)
+            m.kernels._fused_layer = fused
+            got[fused] = _steps(m)
+    for a, b in zip(got[True], got[False], strict=True):
+        np.testing.assert_array_equal(a, b)

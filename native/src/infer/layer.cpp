@@ -200,6 +200,32 @@ struct Runner {
         if (l.rank > 0) add_lora(l, in, y);
     }
 
+    // apply() of n linears reading the same input (q/k/v, gate/up): a decode step's int8
+    // products as one pool job (matmul_q8_one_token: each output's bits, one barrier);
+    // anything else (several tokens, float or low-rank weights, adapters) one by one.
+    void apply_all(const Lin* const* ls, const Act* ins, float* const* ys, int n) {
+        bool one_job = a.T == 1 && n <= 4;
+        for (int i = 0; i < n && one_job; ++i) {
+            const Lin& l = *ls[i];
+            one_job = l.u == nullptr && l.rank == 0 && l.quantized && ins[i].q != nullptr && ins[i].q == ins[0].q &&
+                      ins[i].s == ins[0].s && ins[i].group == ins[0].group && l.K == ls[0]->K;
+        }
+        if (!one_job) {
+            for (int i = 0; i < n; ++i) apply(*ls[i], ins[i], ys[i], nullptr);
+            return;
+        }
+        const WeightView* ws[4];
+        GemmOut outs[4];
+        for (int i = 0; i < n; ++i) {
+            ws[i] = ls[i]->w;
+            outs[i].y = ys[i];
+            outs[i].ldy = ls[i]->N;
+            outs[i].ldr = ls[i]->N;
+            outs[i].bias = ls[i]->bias;
+        }
+        matmul_q8_one_token(ws, outs, n, act_q8(ins[0], ls[0]->K));
+    }
+
     ActQ8 act_q8(const Act& in, int64_t K) const {
         ActQ8 x;
         x.T = a.T;
@@ -297,9 +323,9 @@ struct Runner {
         float* qb = ar.get<float>(slot_of(Slot::q_out), T * QD);
         float* kb = ar.get<float>(slot_of(Slot::k_out), T * KD);
         float* vb = ar.get<float>(slot_of(Slot::v_out), T * KD);
-        apply(a.q, ins[0], qb, nullptr);
-        apply(a.k, ins[1], kb, nullptr);
-        apply(a.v, ins[2], vb, nullptr);
+        const Lin* qkv[3] = {&a.q, &a.k, &a.v};
+        float* const qkv_out[3] = {qb, kb, vb};
+        apply_all(qkv, ins, qkv_out, 3);
         if (a.q_norm != nullptr) {  // in place: each row's factor is taken before it is written
             rmsnorm({qb, a.hd}, a.q_norm, T * a.nh, a.hd, a.eps, qb, a.hd);
             rmsnorm({kb, a.hd}, a.k_norm, T * a.nkv, a.hd, a.eps, kb, a.hd);
@@ -349,8 +375,9 @@ struct Runner {
         }
         float* gb = ar.get<float>(slot_of(Slot::gate_out), T * F);
         float* ub = ar.get<float>(slot_of(Slot::up_out), T * F);
-        apply(a.gate, gi[0], gb, nullptr);
-        apply(a.up, gi[1], ub, nullptr);
+        const Lin* gate_up[2] = {&a.gate, &a.up};
+        float* const gate_up_out[2] = {gb, ub};
+        apply_all(gate_up, gi, gate_up_out, 2);
         Act di;
         if (a.act_kind != 0) {  // act(gate) * up in float, then quantized like any input
             float* sb = ar.get<float>(slot_of(Slot::act_out), T * F);
