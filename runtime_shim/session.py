@@ -384,10 +384,11 @@ class Session:
             logits = model.forward(self.seq, [tid], stats=self.forward_stats, adapter=self.adapter)
             lk.timed(1, time.perf_counter() - t0)
             return logits, []
+        picks = sampler.greedy  # each row's argmax is all a greedy choice needs
         try:
             rows = model.forward(
-                self.seq, [tid, *draft], logits="all", stats=self.forward_stats,
-                adapter=self.adapter,
+                self.seq, [tid, *draft], logits="argmax" if picks else "all",
+                stats=self.forward_stats, adapter=self.adapter,
             )
         except KVCacheFullError:  # drafts need a block plain decoding would not: stop them
             with model.lock:
@@ -400,7 +401,10 @@ class Session:
         lk.timed(len(draft) + 1, time.perf_counter() - t0)
         chosen: list[int] = []
         for j, row in enumerate(rows):
-            chosen.append(sampler(row, history + chosen if sampler.uses_history else ()))
+            if picks:
+                chosen.append(int(row))
+            else:
+                chosen.append(sampler(row, history + chosen if sampler.uses_history else ()))
             if j == len(draft) or chosen[-1] != draft[j]:
                 break
         accepted = len(chosen) - 1

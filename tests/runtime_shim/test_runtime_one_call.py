@@ -154,11 +154,13 @@ def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None
         m.one_call = True
         calls = _count_layer_calls(m)
 
-        def stops_at_layer_1(weights, x, ctx, kvs, windows, head, loras=None) -> StackResult:
+        def stops_at_layer_1(
+            weights, x, ctx, kvs, windows, head, loras=None, rows=1, picks=None
+        ) -> StackResult:
             kvs = list(kvs)
             kvs[1] = replace(kvs[1], mode="int3-nowhere")
             stack = m.kernels._stack(weights, ctx)
-            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras)
+            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras, rows, picks)
             assert done == 1
             return StackResult(out, done, logits)
 
@@ -216,3 +218,50 @@ def test_decode_steps_give_the_single_ops_bits_where_the_pool_splits_the_product
             got[fused] = _steps(m)
     for a, b in zip(got[True], got[False], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kernels", ["native", "numpy"])
+def test_argmax_logits_are_each_rows_argmax_of_all_logits(pkg: Path, kernels: str) -> None:
+    """``logits="argmax"`` (what a greedy verify pass asks for: the one call picks each
+    row's argmax after its head) is numpy's float32 argmax of every ``"all"`` row, on the
+    one call and layer by layer."""
+    if kernels == "native":
+        native_runtime_module("Stack")
+    with rt.open(pkg, kernels=kernels, verify="none") as m:
+        for one_call in (True, False):
+            m.one_call = one_call
+            seqs = [m.new_sequence() for _ in range(2)]
+            for seq in seqs:
+                m.forward(seq, IDS[:5], logits="none")
+            rows = m.forward(seqs[0], IDS[5:], logits="all")
+            picks = m.forward(seqs[1], IDS[5:], logits="argmax")
+            assert picks.dtype == np.int64 and picks.shape == (len(IDS) - 5,)
+            np.testing.assert_array_equal(picks, rows.argmax(axis=-1))
+            assert seqs[0].tokens == seqs[1].tokens
+            for seq in seqs:
+                seq.release()
+
+
+def test_stack_checks_its_rows_and_picks(pkg: Path) -> None:
+    native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", verify="none") as m:
+        seq = m.new_sequence()
+        seq.prepare(IDS[:3])
+        pos = np.arange(3, dtype=np.int64)
+        cos, sin = m.rope.lookup(pos)
+        cfg, kvs = m.config, m._layer_kvs()
+        ctx = LayerContext(
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos,
+            block_table=seq.block_table(3), n_ctx=3, kv=kvs[0], act_int8=m.act_int8,
+        )  # fmt: skip
+        stack = m.kernels._stack(m.weights, ctx)
+        x = m.weights.embed.lookup(np.asarray(IDS[:3]))
+        for rows, picks in ((0, None), (4, None), (3, np.empty(3, np.int32)), (2, np.empty(3))):
+            with pytest.raises(ValueError, match=r"rows|picks"):
+                stack.run(x, ctx, kvs, cfg.windows, True, None, rows, picks)
+        picks = np.full(3, -1, np.int64)
+        _x, done, _reason, logits = stack.run(x, ctx, kvs, cfg.windows, True, None, 3, picks)
+        assert done == cfg.num_layers and logits.shape == (3, cfg.vocab_size)
+        np.testing.assert_array_equal(picks, logits.argmax(axis=-1))
+        seq.release()

@@ -823,14 +823,14 @@ Fallback run_layer(const LayerArgs& a, const PlannedArena& arena, Result& kv_err
     return reason;
 }
 
-// logits [1, N] = head(x) of one final-normed row, as the runtime's own head computes it
-// (int8 activations in the head's group when `act`); false when that quantization
-// overflows (the caller's head records the fallback and runs on float activations).
-// The head runs as the `down` linear of an otherwise empty layer, its buffers unplanned
-// (their own per-thread regions: the arena plans the layers only).
-bool run_head(const Lin& head, bool act, const float* x, float* logits) {
+// logits [rows, N] = head(x) of `rows` final-normed rows, as the runtime's own head
+// computes it (int8 activations in the head's group when `act`); false when that
+// quantization overflows (the caller's head records the fallback and runs on float
+// activations). The head runs as the `down` linear of an otherwise empty layer, its
+// buffers unplanned (their own per-thread regions: the arena plans the layers only).
+bool run_head(const Lin& head, bool act, const float* x, int64_t rows, float* logits) {
     LayerArgs h;
-    h.T = 1;
+    h.T = rows;
     h.act = act;
     h.down = head;
     Arena ar{};
@@ -841,16 +841,33 @@ bool run_head(const Lin& head, bool act, const float* x, float* logits) {
     return true;
 }
 
+// Each row's float32 argmax as numpy's: the first maximum, or the first NaN.
+void row_argmax(const float* y, int64_t rows, int64_t n, int64_t* picks) {
+    for (int64_t t = 0; t < rows; ++t) {
+        const float* r = y + t * n;
+        int64_t best = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            if (std::isnan(r[i])) {
+                best = i;
+                break;
+            }
+            if (r[i] > r[best]) best = i;
+        }
+        picks[t] = best;
+    }
+}
+
 // Runs the parsed layers args[0, parsed) in turn on args[0].x (no GIL), then, when they
-// are all n, the final RMSNorm and the head of the last row: Stack.run's result.
-// `reason`: why layer `parsed` (< n) cannot run natively.
+// are all n, the final RMSNorm and the head of the last `rows` rows (their argmax into
+// `picks` when given): Stack.run's result. `reason`: why layer `parsed` (< n) cannot run
+// natively.
 py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int64_t parsed, int64_t n, Fallback reason,
-                    const float* normw, float eps, const Lin* head) {
+                    const float* normw, float eps, const Lin* head, int64_t rows, int64_t* picks) {
     const int64_t T = args[0].T, H = args[0].hidden;
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{T, H});
     float* outp = static_cast<float*>(out.mutable_data());
     py::array logits;
-    if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{1, head->N});
+    if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{rows, head->N});
     float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
     // layers alternate between `out` and one more buffer (not zero-filled: each layer writes
     // all of its output); the final norm runs in place when the last layer wrote `out`
@@ -874,7 +891,8 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
         }
         if (done == n) {
             rmsnorm({cur, H}, normw, T, H, eps, outp, H);
-            if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - 1) * H, lp);
+            if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - rows) * H, rows, lp);
+            if (head_ok && picks != nullptr) row_argmax(lp, rows, head->N, picks);
         } else if (cur != outp) {
             std::copy(cur, cur + T * H, outp);
         }
@@ -896,12 +914,13 @@ Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
 
 // The whole forward of a chunk in one call.  Stack(layers, ctx, norm, eps, head) reads and
 // validates every layer's weights once (against ctx's heads; hidden size: norm's) and keeps
-// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head, loras) -> (x,
-// done, reason, logits) reads only the call: ctx's call-wide fields once, each layer's KV
-// cache and window, then runs layer i on layer i-1's output, the final RMSNorm and the head
-// of the last row with the GIL released once.  done == len(layers): x is the final-normed
-// hidden state [T, hidden] and logits the head's [1, N] (None without a head or when its
-// input overflows int8).  done < len(layers): layer `done` gave `reason` (or cannot run
+// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head, loras, rows,
+// picks) -> (x, done, reason, logits) reads only the call: ctx's call-wide fields once, each
+// layer's KV cache and window, then runs layer i on layer i-1's output, the final RMSNorm and
+// the head of the last `rows` rows with the GIL released once.  done == len(layers): x is the
+// final-normed hidden state [T, hidden] and logits the head's [rows, N] (None without a head
+// or when its input overflows int8), each row's argmax in `picks` when given (a greedy
+// verify pass needs no more).  done < len(layers): layer `done` gave `reason` (or cannot run
 // natively: kv_layout) and x is that layer's input; the caller runs the rest itself
 // (runtime_shim's per-layer chain is the reference).  loras[i] is layer i's adapter
 // (runtime_shim.adapters.LayerLora or None), read per call: a session picks its adapter.
@@ -946,7 +965,7 @@ struct Stack {
     }
 
     py::tuple run(const py::object& x_in, const py::object& ctx, const py::sequence& kvs, const py::sequence& windows,
-                  bool with_head, const py::object& loras_in) {
+                  bool with_head, const py::object& loras_in, int64_t rows, const py::object& picks_in) {
         const int64_t n = static_cast<int64_t>(layers.size());
         if (static_cast<int64_t>(py::len(kvs)) != n || static_cast<int64_t>(py::len(windows)) != n) {
             bad("Stack.run needs a KV cache and a window per layer");
@@ -962,6 +981,18 @@ struct Stack {
         parse_call(x_in, ctx, call, call_keep);
         if (call.hidden != hidden || call.nh != nh || call.nkv != nkv || call.hd != hd) {
             bad("x / ctx do not match the Stack's hidden size and heads");
+        }
+        if (rows < 1 || rows > call.T) bad("Stack.run: rows must be in [1, T]");
+        int64_t* picks = nullptr;
+        if (!picks_in.is_none()) {
+            if (!py::isinstance<py::array>(picks_in)) throw py::type_error("Stack.run: picks must be a numpy array");
+            py::array p = py::reinterpret_borrow<py::array>(picks_in);
+            if (!p.dtype().is(py::dtype::of<int64_t>()) || p.ndim() != 1 || p.shape(0) != rows ||
+                !(p.flags() & py::array::c_style) || !p.writeable()) {
+                bad("Stack.run: picks must be a writeable contiguous int64 [rows] array");
+            }
+            picks = static_cast<int64_t*>(p.mutable_data());
+            call_keep.push_back(p);
         }
         const py::object table = get(ctx, "block_table");
         std::vector<LayerArgs> args(layers);
@@ -984,7 +1015,8 @@ struct Stack {
             if (!loras_in.is_none()) bind_lora(loras[parsed], a, call_keep);
         }
         if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
-        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr);
+        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr,
+                         rows, picks);
     }
 
     // Layer i's KV cache arrays and window into `a` (no block table): the cached parse
@@ -1041,9 +1073,10 @@ void bind_layer(py::module_& m) {
         .def(py::init<const py::sequence&, const py::object&, const py::object&, double, const py::object&>(),
              py::arg("layers"), py::arg("ctx"), py::arg("norm"), py::arg("eps"), py::arg("head") = py::none())
         .def("run", &Stack::run, py::arg("x"), py::arg("ctx"), py::arg("kvs"), py::arg("windows"),
-             py::arg("head") = true, py::arg("loras") = py::none(),
+             py::arg("head") = true, py::arg("loras") = py::none(), py::arg("rows") = 1, py::arg("picks") = py::none(),
              "Every layer (kvs[i], windows[i], loras[i]; ctx's own kv / window / lora unused), the final norm and "
-             "the head of the last row: (x, layers_done, fallback_reason | None, logits | None).");
+             "the head of the last `rows` rows: (x, layers_done, fallback_reason | None, logits [rows, N] | None); "
+             "picks (int64 [rows]) gets each logits row's argmax (numpy's: first maximum, or first NaN).");
 }
 
 }  // namespace infer
