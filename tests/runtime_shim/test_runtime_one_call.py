@@ -51,6 +51,16 @@ def _count_layer_calls(m: rt.Model) -> list[int]:
     return calls
 
 
+def _call_ctx(m: rt.Model, n: int, table: np.ndarray) -> LayerContext:
+    """The context of an ``n``-token call from position 0 over ``table``."""
+    cfg, pos = m.config, np.arange(n, dtype=np.int64)
+    cos, sin = m.rope.lookup(pos)
+    return LayerContext(
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos, block_table=table, n_ctx=n,
+        kv=m._layer_kvs()[0], act_int8=m.act_int8,
+    )  # fmt: skip
+
 @pytest.mark.parametrize("kv", ["int8", "float"])
 @pytest.mark.parametrize("activations", ["auto", "float"])
 def test_one_call_forward_gives_the_per_layer_bits(pkg: Path, kv: str, activations: str) -> None:
@@ -122,15 +132,8 @@ def test_stack_checks_every_calls_block_table_and_reads_a_new_pools_arrays(pkg: 
     native_runtime_module("Stack")
     with rt.open(pkg, kernels="native", kv="int8", verify="none") as m:
         int8_steps = _steps(m)  # the stack now holds the int8 pool's views
-        pos = np.arange(1, dtype=np.int64)
-        cos, sin = m.rope.lookup(pos)
         cfg, kvs = m.config, m._layer_kvs()
-        ctx = LayerContext(
-            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos,
-            block_table=np.asarray([m.kv_pool.num_blocks], np.int32), n_ctx=1, kv=kvs[0],
-            act_int8=m.act_int8,
-        )  # fmt: skip
+        ctx = _call_ctx(m, 1, np.asarray([m.kv_pool.num_blocks], np.int32))
         stack = m.kernels._stack(m.weights, ctx)
         x = m.weights.embed.lookup(np.asarray(IDS[:1]))
         with pytest.raises(ValueError, match="block_table"):
@@ -247,14 +250,8 @@ def test_stack_checks_its_rows_and_picks(pkg: Path) -> None:
     with rt.open(pkg, kernels="native", verify="none") as m:
         seq = m.new_sequence()
         seq.prepare(IDS[:3])
-        pos = np.arange(3, dtype=np.int64)
-        cos, sin = m.rope.lookup(pos)
         cfg, kvs = m.config, m._layer_kvs()
-        ctx = LayerContext(
-            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos,
-            block_table=seq.block_table(3), n_ctx=3, kv=kvs[0], act_int8=m.act_int8,
-        )  # fmt: skip
+        ctx = _call_ctx(m, 3, seq.block_table(3))
         stack = m.kernels._stack(m.weights, ctx)
         x = m.weights.embed.lookup(np.asarray(IDS[:3]))
         for rows, picks in ((0, None), (4, None), (3, np.empty(3, np.int32)), (2, np.empty(3))):
