@@ -448,8 +448,8 @@ class Stack:
         final RMSNorm and (head) the logits [rows, vocab] of the last ``rows`` rows (1..T;
         their float32 argmax, numpy's, into ``picks``: int64 [rows], when given and the
         head ran), the GIL released once for all of it; loras[i]: layer i's adapter
-        (LayerLora or None; ctx.lora is not read, and must be None without loras). Returns (x_normed, len(layers), None,
-        logits | None) when every layer ran (logits None without a head or when its int8
-        input overflows: the caller's head runs then), else (x_in_of_layer_d, d, reason,
-        None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)
+        (LayerLora or None; ctx.lora is not read, and must be None without loras).
+        Returns (x_normed, len(layers), None, logits | None) when every layer ran (logits
+        None without a head or when its int8 input overflows: the caller's head runs
+        then), else (x_in_of_layer_d, d, reason, None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)
         and the caller runs layers d.. itself."""
