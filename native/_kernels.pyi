@@ -451,5 +451,6 @@ class Stack:
         (LayerLora or None; ctx.lora is not read, and must be None without loras).
         Returns (x_normed, len(layers), None, logits | None) when every layer ran (logits
         None without a head or when its int8 input overflows: the caller's head runs
-        then), else (x_in_of_layer_d, d, reason, None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)
-        and the caller runs layers d.. itself."""
+        then), else (x_in_of_layer_d, d, reason, None): layer d asked for a fallback
+        (decoder_layer's reasons, kv_layout included) and the caller runs layers d..
+        itself."""
