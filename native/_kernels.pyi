@@ -450,12 +450,16 @@ class Stack:
         windows: Sequence[int | None],
         head: bool = True,
         loras: Sequence[object | None] | None = None,
+        rows: int = 1,
+        picks: npt.NDArray[np.int64] | None = None,
     ) -> tuple[npt.NDArray[np.float32], int, str | None, npt.NDArray[np.float32] | None]:
         """decoder_layer(layers[i], x_i, ctx with kvs[i] and windows[i]) in turn, then the
-        final RMSNorm and (head) the logits [1, rows] of the last row, the GIL released
-        once for all of it; loras[i]: layer i's adapter (LayerLora or None; ctx.lora is
-        not read, and must be None without loras). Returns (x_normed, len(layers), None,
-        logits | None) when every layer ran (logits None without a head or when its int8
-        input overflows: the caller's head runs then), else (x_in_of_layer_d, d, reason,
-        None): layer d asked for a fallback (decoder_layer's reasons, kv_layout included)
-        and the caller runs layers d.. itself."""
+        final RMSNorm and (head) the logits [rows, vocab] of the last ``rows`` rows (1..T;
+        their float32 argmax, numpy's, into ``picks``: int64 [rows], when given and the
+        head ran), the GIL released once for all of it; loras[i]: layer i's adapter
+        (LayerLora or None; ctx.lora is not read, and must be None without loras).
+        Returns (x_normed, len(layers), None, logits | None) when every layer ran (logits
+        None without a head or when its int8 input overflows: the caller's head runs
+        then), else (x_in_of_layer_d, d, reason, None): layer d asked for a fallback
+        (decoder_layer's reasons, kv_layout included) and the caller runs layers d..
+        itself."""

@@ -548,11 +548,22 @@ class Sequence:
         """Make the slots for ``tokens`` (appended after ``length``) writable; return them
         as flat indices ``block * block_size + offset``. Call :meth:`commit` after the
         forward pass wrote their K/V."""
+        start, n, bs = self.length, len(tokens), self.pool.block_size
+        if n == 0:
+            return np.zeros(0, np.int64)
+        self.reserve(tokens)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(self.blocks, np.int64)
+        return table[pos // bs] * bs + pos % bs
+
+    def reserve(self, tokens: list[int]) -> None:
+        """:meth:`prepare` without the slot indices (a forward pass finds the slots from
+        the block table)."""
         pool, bs = self.pool, self.pool.block_size
         start, n = self.length, len(tokens)
         first, last = start // bs, (start + n - 1) // bs
         if n == 0:
-            return np.zeros(0, np.int64)
+            return
         # the partially filled block we append into must be private (copy-on-write)
         if first < len(self.blocks) and pool.is_shared(self.blocks[first]):
             old = self.blocks[first]
@@ -567,9 +578,6 @@ class Sequence:
                 self.blocks[idx] = pool.allocate()
                 pool.release(old)
         self._pending = list(tokens)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        table = np.asarray(self.blocks, np.int64)
-        return table[pos // bs] * bs + pos % bs
 
     def commit(self) -> None:
         """The pending tokens' K/V are written: advance and publish newly full blocks."""

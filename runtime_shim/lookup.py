@@ -182,7 +182,10 @@ class PassCosts:
     """Measured seconds of a forward pass by its token count (moving averages).
 
     Sizes not measured yet are estimated from one decode step plus a per-token slope
-    fitted to the sizes that were (``prior_slope`` of a decode step before any was)."""
+    fitted to the sizes that were (``prior_slope`` of a decode step before any was). A
+    pass is never estimated dearer than a longer one was measured (more rows are no less
+    work): one pass timed in a busy moment does not keep the policy off its size for
+    good, it is chosen again, and so timed again, once a longer one measured cheaper."""
 
     smoothing: float = 0.25
     prior_slope: float = 0.15
@@ -200,14 +203,16 @@ class PassCosts:
 
     def estimate(self, tokens: int) -> float | None:
         """Seconds of a pass of ``tokens`` tokens; None before one decode step was timed."""
-        if tokens in self.seconds:
-            return self.seconds[tokens]
-        t1 = self.seconds.get(1)
-        if t1 is None:
-            return None
-        slopes = [(t - t1) / (m - 1) for m, t in self.seconds.items() if m > 1]
-        slope = sum(slopes) / len(slopes) if slopes else self.prior_slope * t1
-        return t1 + max(slope, 0.0) * (tokens - 1)
+        own = self.seconds.get(tokens)
+        if own is None:
+            t1 = self.seconds.get(1)
+            if t1 is None:
+                return None
+            slopes = [(t - t1) / (m - 1) for m, t in self.seconds.items() if m > 1]
+            slope = sum(slopes) / len(slopes) if slopes else self.prior_slope * t1
+            own = t1 + max(slope, 0.0) * (tokens - 1)
+        longer = [t for m, t in self.seconds.items() if m > tokens]
+        return min(own, *longer) if longer else own
 
 
 def pass_costs(model: Model) -> PassCosts:

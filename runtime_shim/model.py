@@ -201,6 +201,7 @@ class Model:
         self._default_session = None
         self._warned_nonfinite = False
         self._stop_ids: set[int] | None = None
+        self._unread_stats = ForwardStats()  # of forward calls given none (not one per call)
         self.adapters: list[AdapterHandle] = []  # loaded by load_adapter, any session's pick
         # (trusted keys, threshold, require_signature) adapter-only packages are checked with
         self.adapter_trust: tuple[list[Any] | None, int, bool] = (None, 1, False)
@@ -362,12 +363,14 @@ class Model:
     ) -> np.ndarray | None:
         """Run ``tokens`` after what ``seq`` holds, writing their K/V into it.
 
-        ``logits``: ``"last"`` (``[vocab]`` of the last token), ``"all"`` (``[T, vocab]``)
-        or ``"none"``. ``collect`` receives the hidden states (``embed``, ``layers.i``,
-        ``norm``); with ``teacher`` (such hidden states of another run over the same
-        tokens) every layer takes its input from there instead of the previous layer
-        (per-layer error without accumulation; the final norm and head take this run's
-        last layer). Both serve :mod:`.compare`. ``adapter``: the session's LoRA adapter.
+        ``logits``: ``"last"`` (``[vocab]`` of the last token), ``"all"`` (``[T, vocab]``),
+        ``"argmax"`` (int64 ``[T]``: each row of ``"all"``'s float32 argmax, the first
+        maximum; a greedy verify pass needs no more) or ``"none"``. ``collect`` receives
+        the hidden states (``embed``, ``layers.i``, ``norm``); with ``teacher`` (such
+        hidden states of another run over the same tokens) every layer takes its input
+        from there instead of the previous layer (per-layer error without accumulation;
+        the final norm and head take this run's last layer). Both serve :mod:`.compare`.
+        ``adapter``: the session's LoRA adapter.
         """
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -378,10 +381,10 @@ class Model:
                 f"{self.config.max_position_embeddings}"
             )
         with self.lock:
+            if stats is None:
+                stats = self._unread_stats
             try:
-                return self._forward(
-                    seq, tokens, logits, stats or ForwardStats(), collect, teacher, adapter
-                )
+                return self._forward(seq, tokens, logits, stats, collect, teacher, adapter)
             finally:
                 if len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES:
                     release_freed_memory()
@@ -398,19 +401,28 @@ class Model:
     ) -> np.ndarray | None:
         outs = []
         step = self.prefill_chunk
+        every_row = logits in ("all", "argmax")
         for c0 in range(0, len(tokens), step):
             chunk = tokens[c0 : c0 + step]
             last_chunk = c0 + step >= len(tokens)
             forced = None
             if teacher is not None:
                 forced = {k: v[c0 : c0 + len(chunk)] for k, v in teacher.items()}
-            head = logits == "last" and last_chunk
-            x, last = self._forward_chunk(seq, chunk, stats, collect, forced, adapter, head)
-            if logits == "all":
-                outs.append(self._head(x, stats))
-            elif head:
-                return self._head(x[-1:], stats, last)[0]
-        if logits == "all":
+            rows = len(chunk) if every_row else int(logits == "last" and last_chunk)
+            picks = None  # the one call's argmax is of the raw logits: none to soft-cap
+            if logits == "argmax" and self.config.final_softcap is None:
+                picks = np.empty(len(chunk), np.int64)
+            x, projected = self._forward_chunk(
+                seq, chunk, stats, collect, forced, adapter, rows, picks
+            )
+            if logits == "argmax":
+                native = projected is not None and picks is not None
+                outs.append(picks if native else self._head(x, stats, projected).argmax(-1))
+            elif logits == "all":
+                outs.append(self._head(x, stats, projected))
+            elif rows:
+                return self._head(x[-1:], stats, projected)[0]
+        if every_row:
             return np.concatenate(outs) if len(outs) > 1 else outs[0]
         return None
 
@@ -422,18 +434,20 @@ class Model:
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None = None,
         adapter: ActiveAdapter | None = None,
-        head: bool = False,
+        rows: int = 0,
+        picks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The chunk's final-normed hidden states and, when the kernels' one-call forward
-        ran it all and ``head`` asks for it, the head's logits of its last row."""
+        ran it all and ``rows`` asks for it, the head's logits of its last ``rows`` rows
+        (their argmax then in ``picks``, when given)."""
         cfg, k = self.config, self.kernels
         start = seq.length
-        seq.prepare(chunk)
+        seq.reserve(chunk)
         positions = np.arange(start, start + len(chunk), dtype=np.int64)
         n_ctx = start + len(chunk)
         table = seq.block_table(n_ctx)
         cos, sin = self.rope.lookup(positions)
-        x = self.weights.embed.lookup(np.asarray(chunk))
+        x = self.weights.embed.lookup(chunk)
         if cfg.embedding_scale is not None:  # float32, as transformers' Gemma scales them
             x = x * np.float32(cfg.embedding_scale)
         if collect is not None:
@@ -469,7 +483,8 @@ class Model:
         one_call = self.one_call and teacher is None and collect is None and not inject
         if stack is not None and one_call:
             loras = None if adapter is None else adapter.layers
-            res = stack(self.weights, x, ctx_of(layers[0]), kvs, cfg.windows, head, loras)
+            head, ctx = rows > 0, ctx_of(layers[0])
+            res = stack(self.weights, x, ctx, kvs, cfg.windows, head, loras, max(rows, 1), picks)
             if res is not None:
                 x, done, last = res
         for lw in layers[done:]:

@@ -42,12 +42,24 @@ class Sampler:
             self._rng = np.random.default_rng(self.params.seed)
         return self._rng
 
+    @property
+    def greedy(self) -> bool:
+        """Whether a choice is the float32 argmax of the logits alone (the forward pass
+        can then hand over its rows' argmax: ``Model.forward(logits="argmax")``)."""
+        return self.params.temperature == 0.0 and self.params.repetition_penalty == 1.0
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether a choice depends on the tokens so far (the repetition penalty): callers
+        build that list only then."""
+        return self.params.repetition_penalty != 1.0
+
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         p = self.params
-        if p.temperature == 0.0 and p.repetition_penalty == 1.0:
+        if self.greedy:
             # float32 argmax picks what the float64 copy would (ties, NaN), ~10x sooner:
             # prompt lookup calls this once per row of a verify pass
-            return int(np.argmax(logits))
+            return int(np.asarray(logits).argmax())
         z = np.asarray(logits, np.float64).copy()
         if p.repetition_penalty != 1.0 and len(history):
             seen = np.unique(np.asarray(history, np.int64))

@@ -301,7 +301,10 @@ class Session:
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:
-                tid = queued.pop(0) if queued else sampler(logits, ids + generated)
+                if queued:
+                    tid = queued.pop(0)
+                else:
+                    tid = sampler(logits, ids + generated if sampler.uses_history else ())
                 generated.append(tid)
                 stats.generated_tokens = len(generated)
                 if lk is not None:
@@ -338,7 +341,8 @@ class Session:
                     assert logits is not None
                 else:
                     room = min(max_tokens - len(generated), max_ctx - self.seq.length) - 1
-                    logits, queued = self._lookup_step(lk, tid, ids + generated, room, sampler)
+                    history = ids + generated if sampler.uses_history else []
+                    logits, queued = self._lookup_step(lk, tid, history, room, sampler)
             if detok is not None and stats.finish_reason not in ("stop",):
                 text += detok.flush()
                 cut = _find_stop(text, stop_strings)
@@ -380,10 +384,11 @@ class Session:
             logits = model.forward(self.seq, [tid], stats=self.forward_stats, adapter=self.adapter)
             lk.timed(1, time.perf_counter() - t0)
             return logits, []
+        picks = sampler.greedy  # each row's argmax is all a greedy choice needs
         try:
             rows = model.forward(
-                self.seq, [tid, *draft], logits="all", stats=self.forward_stats,
-                adapter=self.adapter,
+                self.seq, [tid, *draft], logits="argmax" if picks else "all",
+                stats=self.forward_stats, adapter=self.adapter,
             )
         except KVCacheFullError:  # drafts need a block plain decoding would not: stop them
             with model.lock:
@@ -396,7 +401,10 @@ class Session:
         lk.timed(len(draft) + 1, time.perf_counter() - t0)
         chosen: list[int] = []
         for j, row in enumerate(rows):
-            chosen.append(sampler(row, history + chosen))
+            if picks:
+                chosen.append(int(row))
+            else:
+                chosen.append(sampler(row, history + chosen if sampler.uses_history else ()))
             if j == len(draft) or chosen[-1] != draft[j]:
                 break
         accepted = len(chosen) - 1

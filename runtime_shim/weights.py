@@ -7,6 +7,7 @@ tensors (norm weights, biases: a few KB per layer) are converted to float32 copi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,10 +77,15 @@ class Embedding:
 
     table: Linear
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
+    def lookup(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
         t = self.table
-        ids = np.asarray(ids, np.int64)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
+        if isinstance(ids, list):  # a forward's tokens: checked without numpy reductions
+            bad = bool(ids) and (min(ids) < 0 or max(ids) >= t.rows)
+            ids = np.asarray(ids, np.int64)
+        else:
+            ids = np.asarray(ids, np.int64)
+            bad = bool(ids.size) and (int(ids.min()) < 0 or int(ids.max()) >= t.rows)
+        if bad:
             raise ValueError(f"token id out of range 0..{t.rows - 1}")
         return decode_rows(t, ids)
 

@@ -301,12 +301,15 @@ class NativeKernels(CompositeLayer):
         windows: Sequence[int | None],
         head: bool,
         loras: Sequence[LayerLora | None] | None = None,
+        rows: int = 1,
+        picks: np.ndarray | None = None,
     ) -> StackResult | None:
         """The extension's one-call forward (every layer, final norm, head of the last
-        row, the GIL released once) over ``weights`` read once, when every layer would
-        take its whole layer; a layer that asks for a fallback ends it there and the
+        ``rows`` rows, the GIL released once) over ``weights`` read once, when every layer
+        would take its whole layer; a layer that asks for a fallback ends it there and the
         caller's chain goes on from it. ``loras``: the session's adapter per layer (read
-        per call). Injected overflows go layer by layer."""
+        per call). ``picks`` (int64 ``[rows]``) receives each head row's float32 argmax
+        when the head ran. Injected overflows go layer by layer."""
         if not self._fused_layer or ctx.inject_overflow:
             return None
         if not (kvs and self._native_kv(kvs[0]) and _native_kv_shape(kvs[0], ctx.head_dim)):
@@ -314,7 +317,7 @@ class NativeKernels(CompositeLayer):
         stack = self._stack(weights, ctx)
         if stack is None:
             return None
-        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras)
+        out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras, rows, picks)
         return StackResult(out, done, logits)
 
     def _stack(self, weights: ModelWeights, ctx: LayerContext) -> Any:

@@ -112,6 +112,24 @@ def test_costs_are_a_moving_average() -> None:
     assert costs.estimate(1) == pytest.approx(15.0)
 
 
+def test_a_pass_is_never_estimated_dearer_than_a_longer_one_was_measured() -> None:
+    """One pass of 4 timed in a busy moment: a pass of 5 measured cheaper caps it, so the
+    policy picks 4 again (and so times it again) instead of avoiding it for good."""
+    costs = PassCosts(smoothing=1.0)
+    costs.observe(1, 10.0)
+    costs.observe(4, 40.0)
+    costs.observe(5, 13.0)
+    assert costs.estimate(4) == 13.0
+    assert costs.estimate(3) == pytest.approx(min(13.0, 10.0 + 2 * (30.0 / 3 + 3.0 / 4) / 2))
+    assert costs.estimate(5) == 13.0
+    assert costs.estimate(6) == pytest.approx(10.0 + 5 * (30.0 / 3 + 3.0 / 4) / 2)
+    policy = LookupPolicy(prior_accepted=90.0, prior_trials=100.0, costs=costs, max_draft=4)
+    assert policy.draft_length() == 4  # a pass of 5 at 1.3 steps: worth it
+    assert LookupPolicy(
+        prior_accepted=90.0, prior_trials=100.0, costs=costs, max_draft=3
+    ).draft_length() == 3  # a pass of 4 is estimated at 13, not the 40 timed once
+
+
 # -- policy ------------------------------------------------------------------------------
 def _policy(step: float, per_token: float, accepted: float, trials: float = 100.0, **kw):
     """A policy whose pass of m tokens costs ``step + per_token * (m - 1)``, with an

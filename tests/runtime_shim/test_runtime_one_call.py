@@ -14,6 +14,7 @@ from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim.kernels import Fallback, LayerContext, NativeKernels
 from edgepack.runtime_shim.kernels.interface import StackResult
+from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool
 from edgepack.runtime_shim.stats import ForwardStats
 
 IDS = [5, 17, 3, 99, 42, 7, 64, 2, 11]
@@ -49,6 +50,16 @@ def _count_layer_calls(m: rt.Model) -> list[int]:
     m.kernels.decoder_layer = counted  # type: ignore[method-assign]
     return calls
 
+
+def _call_ctx(m: rt.Model, n: int, table: np.ndarray) -> LayerContext:
+    """The context of an ``n``-token call from position 0 over ``table``."""
+    cfg, pos = m.config, np.arange(n, dtype=np.int64)
+    cos, sin = m.rope.lookup(pos)
+    return LayerContext(
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos, block_table=table, n_ctx=n,
+        kv=m._layer_kvs()[0], act_int8=m.act_int8,
+    )  # fmt: skip
 
 @pytest.mark.parametrize("kv", ["int8", "float"])
 @pytest.mark.parametrize("activations", ["auto", "float"])
@@ -114,6 +125,30 @@ def test_stack_stops_at_a_layer_it_cannot_run_and_returns_its_input(pkg: Path) -
         seq.release()
 
 
+def test_stack_checks_every_calls_block_table_and_reads_a_new_pools_arrays(pkg: Path) -> None:
+    """The one call keeps each layer's parsed KV arrays while it is given the same views:
+    a block table naming a block outside the pool is still refused, and the views of
+    another pool (another layout) are read afresh, with the per-layer bits."""
+    native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", kv="int8", verify="none") as m:
+        int8_steps = _steps(m)  # the stack now holds the int8 pool's views
+        cfg, kvs = m.config, m._layer_kvs()
+        ctx = _call_ctx(m, 1, np.asarray([m.kv_pool.num_blocks], np.int32))
+        stack = m.kernels._stack(m.weights, ctx)
+        x = m.weights.embed.lookup(np.asarray(IDS[:1]))
+        with pytest.raises(ValueError, match="block_table"):
+            stack.run(x, ctx, kvs, cfg.windows)
+        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, KVCacheConfig("float"))
+        m.kv_pool = pool
+        got = {}
+        for one_call in (False, True):
+            m.one_call = one_call
+            got[one_call] = _steps(m)
+    for a, b in zip(got[False], got[True], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(a, b) for a, b in zip(int8_steps, got[True], strict=True))
+
+
 def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None:
     native_runtime_module("Stack")
     with rt.open(pkg, kernels="native", verify="none") as m:
@@ -122,11 +157,13 @@ def test_model_resumes_layer_by_layer_where_the_stack_stopped(pkg: Path) -> None
         m.one_call = True
         calls = _count_layer_calls(m)
 
-        def stops_at_layer_1(weights, x, ctx, kvs, windows, head, loras=None) -> StackResult:
+        def stops_at_layer_1(
+            weights, x, ctx, kvs, windows, head, loras=None, rows=1, picks=None
+        ) -> StackResult:
             kvs = list(kvs)
             kvs[1] = replace(kvs[1], mode="int3-nowhere")
             stack = m.kernels._stack(weights, ctx)
-            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras)
+            out, done, _reason, logits = stack.run(x, ctx, kvs, windows, head, loras, rows, picks)
             assert done == 1
             return StackResult(out, done, logits)
 
@@ -162,3 +199,66 @@ def test_one_call_forward_with_an_adapter_gives_the_per_layer_bits(
         base_logits = m.session().logits(AIDS)
     np.testing.assert_array_equal(got[False], got[True], strict=True)
     assert not np.array_equal(base_logits, got[True])
+
+
+@pytest.mark.parametrize("encoding", ["int8", "int4-g32"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_steps_give_the_single_ops_bits_where_the_pool_splits_the_products(
+    tmp_path_factory: pytest.TempPathFactory, encoding: str, threads: int
+) -> None:
+    """A decode step runs q/k/v and gate/up as one pool job each: at sizes the pool splits
+    (q and gate here; k and v too small to split), every logit is what the Python chain
+    over the single native ops (one matmul per call) gives."""
+    native_runtime_module("Stack")
+    root = tmp_path_factory.mktemp(f"one-job-{encoding}")
+    dims = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
+    pkg = convert_to(root, tiny_model_dir(root, num_hidden_layers=2, **dims), encoding)
+    got = {}
+    for fused in (True, False):
+        with rt.open(pkg, kernels="native", threads=threads, verify="none") as m:
+            assert isinstance(m.kernels, NativeKernels)
+            m.kernels._fused_layer = fused
+            got[fused] = _steps(m)
+    for a, b in zip(got[True], got[False], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kernels", ["native", "numpy"])
+def test_argmax_logits_are_each_rows_argmax_of_all_logits(pkg: Path, kernels: str) -> None:
+    """``logits="argmax"`` (what a greedy verify pass asks for: the one call picks each
+    row's argmax after its head) is numpy's float32 argmax of every ``"all"`` row, on the
+    one call and layer by layer."""
+    if kernels == "native":
+        native_runtime_module("Stack")
+    with rt.open(pkg, kernels=kernels, verify="none") as m:
+        for one_call in (True, False):
+            m.one_call = one_call
+            seqs = [m.new_sequence() for _ in range(2)]
+            for seq in seqs:
+                m.forward(seq, IDS[:5], logits="none")
+            rows = m.forward(seqs[0], IDS[5:], logits="all")
+            picks = m.forward(seqs[1], IDS[5:], logits="argmax")
+            assert picks.dtype == np.int64 and picks.shape == (len(IDS) - 5,)
+            np.testing.assert_array_equal(picks, rows.argmax(axis=-1))
+            assert seqs[0].tokens == seqs[1].tokens
+            for seq in seqs:
+                seq.release()
+
+
+def test_stack_checks_its_rows_and_picks(pkg: Path) -> None:
+    native_runtime_module("Stack")
+    with rt.open(pkg, kernels="native", verify="none") as m:
+        seq = m.new_sequence()
+        seq.prepare(IDS[:3])
+        cfg, kvs = m.config, m._layer_kvs()
+        ctx = _call_ctx(m, 3, seq.block_table(3))
+        stack = m.kernels._stack(m.weights, ctx)
+        x = m.weights.embed.lookup(np.asarray(IDS[:3]))
+        for rows, picks in ((0, None), (4, None), (3, np.empty(3, np.int32)), (2, np.empty(3))):
+            with pytest.raises(ValueError, match=r"rows|picks"):
+                stack.run(x, ctx, kvs, cfg.windows, True, None, rows, picks)
+        picks = np.full(3, -1, np.int64)
+        _x, done, _reason, logits = stack.run(x, ctx, kvs, cfg.windows, True, None, 3, picks)
+        assert done == cfg.num_layers and logits.shape == (3, cfg.vocab_size)
+        np.testing.assert_array_equal(picks, logits.argmax(axis=-1))
+        seq.release()

@@ -651,6 +651,13 @@ py::array py_lowrank(const py::object& x_in, const Weight& u, const Weight& v, c
 KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
                        const py::object& table_in, int64_t needed_positions, const py::object& vh,
                        const py::object& vm, bool rotate) {
+    KvHandle a = kv_arrays_from(kc, ks, vc, vs, vh, vm, rotate);
+    a.keep.push_back(bind_block_table(a.kv, table_in, needed_positions));
+    return a;
+}
+
+KvHandle kv_arrays_from(const py::object& kc, const py::object& ks, const py::object& vc, const py::object& vs,
+                        const py::object& vh, const py::object& vm, bool rotate) {
     KvHandle a;
     KvCache& kv = a.kv;
     kv.rotate = rotate;
@@ -759,10 +766,15 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
         a.keep.push_back(ksa);
         a.keep.push_back(vsa);
     }
+    return a;
+}
+
+py::array bind_block_table(KvCache& kv, const py::object& table_in, int64_t needed_positions) {
     py::array t = as_array(table_in, "block_table");
     need_dtype(t, "int32", "block_table");
     need_ndim(t, 1, "block_table");
     need_contig(t, "block_table");
+    const int64_t NB = kv.n_blocks, BS = kv.block_size;
     const int64_t used = (needed_positions + BS - 1) / BS;
     if (t.shape(0) < used) {
         value_error("block_table has " + std::to_string(t.shape(0)) + " entries but positions up to " +
@@ -776,8 +788,7 @@ KvHandle kv_cache_from(const py::object& kc, const py::object& ks, const py::obj
     }
     kv.table = tp;
     kv.table_len = t.shape(0);
-    a.keep.push_back(t);
-    return a;
+    return t;
 }
 
 namespace {

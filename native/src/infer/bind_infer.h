@@ -40,6 +40,13 @@ KvHandle kv_cache_from(const pybind11::object& k_cache, const pybind11::object& 
                        const pybind11::object& block_table, int64_t needed_positions,
                        const pybind11::object& v_high = pybind11::none(),
                        const pybind11::object& v_mins = pybind11::none(), bool rotate = false);
+// kv_cache_from in two steps: the cache arrays (fixed for a pool's life; `kv.table` unset),
+// then a block table for positions [0, needed_positions) checked against them (returned:
+// the caller keeps it alive while `kv` points into it).
+KvHandle kv_arrays_from(const pybind11::object& k_cache, const pybind11::object& k_scale,
+                        const pybind11::object& v_cache, const pybind11::object& v_scale,
+                        const pybind11::object& v_high, const pybind11::object& v_mins, bool rotate);
+pybind11::array bind_block_table(KvCache& kv, const pybind11::object& block_table, int64_t needed_positions);
 
 // Raises edgepack.runtime_shim.errors.NumericError for a failed kernel Result: .code is
 // the Status, .op the kernel, .row / .col where; the message says `where` in words.

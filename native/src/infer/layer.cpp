@@ -211,6 +211,32 @@ struct Runner {
         if (l.rank > 0) add_lora(l, in, y);
     }
 
+    // apply() of n linears reading the same input (q/k/v, gate/up): a decode step's int8
+    // products as one pool job (matmul_q8_one_token: each output's bits, one barrier);
+    // anything else (several tokens, float or low-rank weights, adapters) one by one.
+    void apply_all(const Lin* const* ls, const Act* ins, float* const* ys, int n) {
+        bool one_job = a.T == 1 && n <= 4;
+        for (int i = 0; i < n && one_job; ++i) {
+            const Lin& l = *ls[i];
+            one_job = l.u == nullptr && l.rank == 0 && l.quantized && ins[i].q != nullptr && ins[i].q == ins[0].q &&
+                      ins[i].s == ins[0].s && ins[i].group == ins[0].group && l.K == ls[0]->K;
+        }
+        if (!one_job) {
+            for (int i = 0; i < n; ++i) apply(*ls[i], ins[i], ys[i], nullptr);
+            return;
+        }
+        const WeightView* ws[4];
+        GemmOut outs[4];
+        for (int i = 0; i < n; ++i) {
+            ws[i] = ls[i]->w;
+            outs[i].y = ys[i];
+            outs[i].ldy = ls[i]->N;
+            outs[i].ldr = ls[i]->N;
+            outs[i].bias = ls[i]->bias;
+        }
+        matmul_q8_one_token(ws, outs, n, act_q8(ins[0], ls[0]->K));
+    }
+
     ActQ8 act_q8(const Act& in, int64_t K) const {
         ActQ8 x;
         x.T = a.T;
@@ -308,9 +334,9 @@ struct Runner {
         float* qb = ar.get<float>(slot_of(Slot::q_out), T * QD);
         float* kb = ar.get<float>(slot_of(Slot::k_out), T * KD);
         float* vb = ar.get<float>(slot_of(Slot::v_out), T * KD);
-        apply(a.q, ins[0], qb, nullptr);
-        apply(a.k, ins[1], kb, nullptr);
-        apply(a.v, ins[2], vb, nullptr);
+        const Lin* qkv[3] = {&a.q, &a.k, &a.v};
+        float* const qkv_out[3] = {qb, kb, vb};
+        apply_all(qkv, ins, qkv_out, 3);
         if (a.q_norm != nullptr) {  // in place: each row's factor is taken before it is written
             rmsnorm({qb, a.hd}, a.q_norm, T * a.nh, a.hd, a.eps, qb, a.hd);
             rmsnorm({kb, a.hd}, a.k_norm, T * a.nkv, a.hd, a.eps, kb, a.hd);
@@ -365,8 +391,9 @@ struct Runner {
         }
         float* gb = ar.get<float>(slot_of(Slot::gate_out), T * F);
         float* ub = ar.get<float>(slot_of(Slot::up_out), T * F);
-        apply(a.gate, gi[0], gb, nullptr);
-        apply(a.up, gi[1], ub, nullptr);
+        const Lin* gate_up[2] = {&a.gate, &a.up};
+        float* const gate_up_out[2] = {gb, ub};
+        apply_all(gate_up, gi, gate_up_out, 2);
         Act di;
         if (a.act_kind != 0) {  // act(gate) * up in float, then quantized like any input
             float* sb = ar.get<float>(slot_of(Slot::act_out), T * F);
@@ -677,10 +704,9 @@ void parse_call(const py::object& x_in, const py::object& ctx, LayerArgs& a, std
     }
 }
 
-// One layer's KV cache (kvo over the block table) and sliding window, or kv_layout when
-// the native kernels lack the cache's layout.
-Fallback parse_kv(const py::object& kvo, const py::object& table, const py::object& win, LayerArgs& a,
-                  std::vector<py::object>& keep) {
+// One layer's KV cache arrays (kvo; no block table yet) and sliding window, or kv_layout
+// when the native kernels lack the cache's layout.
+Fallback parse_kv_arrays(const py::object& kvo, const py::object& win, LayerArgs& a, std::vector<py::object>& keep) {
     // KV cache (validated by the same code as attention_prefill)
     const std::string mode = get(kvo, "mode").cast<std::string>();
     // The layouts implemented here (runtime_shim.kv_cache.KV_LAYOUTS marks them native):
@@ -694,9 +720,9 @@ Fallback parse_kv(const py::object& kvo, const py::object& table, const py::obje
     }
     const py::object layout = get_opt(kvo, "layout");
     const bool rotate = !layout.is_none() && get_opt(layout, "rotate").is(py::bool_(true));
-    KvHandle kvh = kv_cache_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
-                                 table, a.start + a.T, v5 || v6 ? get(kvo, "v_high") : py::none(),
-                                 v5 ? get(kvo, "v_mins") : py::none(), rotate);
+    KvHandle kvh = kv_arrays_from(get(kvo, "k"), get(kvo, "k_scales"), get(kvo, "v"), get(kvo, "v_scales"),
+                                  v5 || v6 ? get(kvo, "v_high") : py::none(), v5 ? get(kvo, "v_mins") : py::none(),
+                                  rotate);
     a.kv = kvh.kv;
     keep.insert(keep.end(), kvh.keep.begin(), kvh.keep.end());
     if (a.kv.n_kv_heads != a.nkv || a.kv.head_dim != a.hd) bad("the KV cache heads / head_dim do not match ctx");
@@ -705,6 +731,15 @@ Fallback parse_kv(const py::object& kvo, const py::object& table, const py::obje
         if (a.window < 1) bad("ctx.window must be >= 1");
     }
     return Fallback::none;
+}
+
+// One layer's KV cache (kvo over the block table) and sliding window, or kv_layout when
+// the native kernels lack the cache's layout.
+Fallback parse_kv(const py::object& kvo, const py::object& table, const py::object& win, LayerArgs& a,
+                  std::vector<py::object>& keep) {
+    const Fallback reason = parse_kv_arrays(kvo, win, a, keep);
+    if (reason == Fallback::none) keep.push_back(bind_block_table(a.kv, table, a.start + a.T));
+    return reason;
 }
 
 // A layer's weights, checked against the hidden size and heads already in `a`.
@@ -804,14 +839,14 @@ Fallback run_layer(const LayerArgs& a, const PlannedArena& arena, Result& kv_err
     return reason;
 }
 
-// logits [1, N] = head(x) of one final-normed row, as the runtime's own head computes it
-// (int8 activations in the head's group when `act`); false when that quantization
-// overflows (the caller's head records the fallback and runs on float activations).
-// The head runs as the `down` linear of an otherwise empty layer, its buffers unplanned
-// (their own per-thread regions: the arena plans the layers only).
-bool run_head(const Lin& head, bool act, const float* x, float* logits) {
+// logits [rows, N] = head(x) of `rows` final-normed rows, as the runtime's own head
+// computes it (int8 activations in the head's group when `act`); false when that
+// quantization overflows (the caller's head records the fallback and runs on float
+// activations). The head runs as the `down` linear of an otherwise empty layer, its
+// buffers unplanned (their own per-thread regions: the arena plans the layers only).
+bool run_head(const Lin& head, bool act, const float* x, int64_t rows, float* logits) {
     LayerArgs h;
-    h.T = 1;
+    h.T = rows;
     h.act = act;
     h.down = head;
     Arena ar{};
@@ -822,16 +857,33 @@ bool run_head(const Lin& head, bool act, const float* x, float* logits) {
     return true;
 }
 
+// Each row's float32 argmax as numpy's: the first maximum, or the first NaN.
+void row_argmax(const float* y, int64_t rows, int64_t n, int64_t* picks) {
+    for (int64_t t = 0; t < rows; ++t) {
+        const float* r = y + t * n;
+        int64_t best = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            if (std::isnan(r[i])) {
+                best = i;
+                break;
+            }
+            if (r[i] > r[best]) best = i;
+        }
+        picks[t] = best;
+    }
+}
+
 // Runs the parsed layers args[0, parsed) in turn on args[0].x (no GIL), then, when they
-// are all n, the final RMSNorm and the head of the last row: Stack.run's result.
-// `reason`: why layer `parsed` (< n) cannot run natively.
+// are all n, the final RMSNorm and the head of the last `rows` rows (their argmax into
+// `picks` when given): Stack.run's result. `reason`: why layer `parsed` (< n) cannot run
+// natively.
 py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int64_t parsed, int64_t n, Fallback reason,
-                    const float* normw, float eps, const Lin* head) {
+                    const float* normw, float eps, const Lin* head, int64_t rows, int64_t* picks) {
     const int64_t T = args[0].T, H = args[0].hidden;
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{T, H});
     float* outp = static_cast<float*>(out.mutable_data());
     py::array logits;
-    if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{1, head->N});
+    if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{rows, head->N});
     float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
     // layers alternate between `out` and one more buffer (not zero-filled: each layer writes
     // all of its output); the final norm runs in place when the last layer wrote `out`
@@ -855,7 +907,8 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
         }
         if (done == n) {
             rmsnorm({cur, H}, normw, T, H, eps, outp, H);
-            if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - 1) * H, lp);
+            if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - rows) * H, rows, lp);
+            if (head_ok && picks != nullptr) row_argmax(lp, rows, head->N, picks);
         } else if (cur != outp) {
             std::copy(cur, cur + T * H, outp);
         }
@@ -877,18 +930,31 @@ Lin head_of(const py::object& head, int64_t H, std::vector<py::object>& keep) {
 
 // The whole forward of a chunk in one call.  Stack(layers, ctx, norm, eps, head) reads and
 // validates every layer's weights once (against ctx's heads; hidden size: norm's) and keeps
-// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head, loras) -> (x,
-// done, reason, logits) reads only the call: ctx's call-wide fields once, each layer's KV
-// cache and window, then runs layer i on layer i-1's output, the final RMSNorm and the head
-// of the last row with the GIL released once.  done == len(layers): x is the final-normed
-// hidden state [T, hidden] and logits the head's [1, N] (None without a head or when its
-// input overflows int8).  done < len(layers): layer `done` gave `reason` (or cannot run
+// them (the runtime's weights are fixed at open).  run(x, ctx, kvs, windows, head, loras, rows,
+// picks) -> (x, done, reason, logits) reads only the call: ctx's call-wide fields once, each
+// layer's KV cache and window, then runs layer i on layer i-1's output, the final RMSNorm and
+// the head of the last `rows` rows with the GIL released once.  done == len(layers): x is the
+// final-normed hidden state [T, hidden] and logits the head's [rows, N] (None without a head
+// or when its input overflows int8), each row's argmax in `picks` when given (a greedy
+// verify pass needs no more).  done < len(layers): layer `done` gave `reason` (or cannot run
 // natively: kv_layout) and x is that layer's input; the caller runs the rest itself
 // (runtime_shim's per-layer chain is the reference).  loras[i] is layer i's adapter
 // (runtime_shim.adapters.LayerLora or None), read per call: a session picks its adapter.
 struct Stack {
     std::vector<LayerArgs> layers;  // the weight fields of each layer (parse_weights)
     std::vector<py::object> keep;
+    // Each layer's KV cache arrays and window as last parsed, kept while run is given the
+    // same objects (the runtime's LayerKV views are frozen, over a pool's fixed arrays, and
+    // its windows a fixed list): a decode step then reads no attribute of them, only the
+    // call's block table, checked once against every layer's cache.
+    struct KvSlot {
+        py::object kvo, win;  // the objects parsed (kept: their identity stays theirs)
+        KvCache kv;
+        int64_t window = 0;
+        Fallback reason = Fallback::none;
+        std::vector<py::object> keep;
+    };
+    std::vector<KvSlot> kv_slots;
     const float* norm = nullptr;
     float eps = 0.0f;
     Lin head;
@@ -915,7 +981,7 @@ struct Stack {
     }
 
     py::tuple run(const py::object& x_in, const py::object& ctx, const py::sequence& kvs, const py::sequence& windows,
-                  bool with_head, const py::object& loras_in) {
+                  bool with_head, const py::object& loras_in, int64_t rows, const py::object& picks_in) {
         const int64_t n = static_cast<int64_t>(layers.size());
         if (static_cast<int64_t>(py::len(kvs)) != n || static_cast<int64_t>(py::len(windows)) != n) {
             bad("Stack.run needs a KV cache and a window per layer");
@@ -932,19 +998,60 @@ struct Stack {
         if (call.hidden != hidden || call.nh != nh || call.nkv != nkv || call.hd != hd) {
             bad("x / ctx do not match the Stack's hidden size and heads");
         }
+        if (rows < 1 || rows > call.T) bad("Stack.run: rows must be in [1, T]");
+        int64_t* picks = nullptr;
+        if (!picks_in.is_none()) {
+            if (!py::isinstance<py::array>(picks_in)) throw py::type_error("Stack.run: picks must be a numpy array");
+            py::array p = py::reinterpret_borrow<py::array>(picks_in);
+            if (!p.dtype().is(py::dtype::of<int64_t>()) || p.ndim() != 1 || p.shape(0) != rows ||
+                !(p.flags() & py::array::c_style) || !p.writeable()) {
+                bad("Stack.run: picks must be a writeable contiguous int64 [rows] array");
+            }
+            picks = static_cast<int64_t*>(p.mutable_data());
+            call_keep.push_back(p);
+        }
         const py::object table = get(ctx, "block_table");
         std::vector<LayerArgs> args(layers);
+        kv_slots.resize(static_cast<size_t>(n));
         int64_t parsed = 0;
         Fallback reason = Fallback::none;
+        KvCache checked;  // the geometry the block table was last checked against
         for (; parsed < n; ++parsed) {
             LayerArgs& a = args[parsed];
             take_call(call, a);
-            reason = parse_kv(kvs[parsed], table, windows[parsed], a, call_keep);
+            reason = kv_of(parsed, kvs[parsed], windows[parsed], a, call_keep);
             if (reason != Fallback::none) break;
+            if (parsed == 0 || a.kv.n_blocks != checked.n_blocks || a.kv.block_size != checked.block_size) {
+                call_keep.push_back(bind_block_table(a.kv, table, a.start + a.T));
+                checked = a.kv;
+            } else {
+                a.kv.table = checked.table;
+                a.kv.table_len = checked.table_len;
+            }
             if (!loras_in.is_none()) bind_lora(loras[parsed], a, call_keep);
         }
         if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
-        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr);
+        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr,
+                         rows, picks);
+    }
+
+    // Layer i's KV cache arrays and window into `a` (no block table): the cached parse
+    // when kvo and win are the objects it was made from, else parsed and cached.
+    Fallback kv_of(int64_t i, const py::object& kvo, const py::object& win, LayerArgs& a,
+                  std::vector<py::object>& call_keep) {
+        KvSlot& slot = kv_slots[static_cast<size_t>(i)];
+        if (!slot.kvo || !slot.kvo.is(kvo) || !slot.win.is(win)) {
+            slot = KvSlot{};
+            slot.reason = parse_kv_arrays(kvo, win, a, slot.keep);
+            slot.kv = a.kv;
+            slot.window = a.window;
+            slot.kvo = kvo;
+            slot.win = win;
+        }
+        a.kv = slot.kv;
+        a.window = slot.window;
+        call_keep.push_back(slot.kvo);  // its arrays live while this call runs, whatever the slot holds next
+        return slot.reason;
     }
 
     // The fields parse_call sets, from `c` into the layer's `a`.
@@ -982,9 +1089,10 @@ void bind_layer(py::module_& m) {
         .def(py::init<const py::sequence&, const py::object&, const py::object&, double, const py::object&>(),
              py::arg("layers"), py::arg("ctx"), py::arg("norm"), py::arg("eps"), py::arg("head") = py::none())
         .def("run", &Stack::run, py::arg("x"), py::arg("ctx"), py::arg("kvs"), py::arg("windows"),
-             py::arg("head") = true, py::arg("loras") = py::none(),
+             py::arg("head") = true, py::arg("loras") = py::none(), py::arg("rows") = 1, py::arg("picks") = py::none(),
              "Every layer (kvs[i], windows[i], loras[i]; ctx's own kv / window / lora unused), the final norm and "
-             "the head of the last row: (x, layers_done, fallback_reason | None, logits | None).");
+             "the head of the last `rows` rows: (x, layers_done, fallback_reason | None, logits [rows, N] | None); "
+             "picks (int64 [rows]) gets each logits row's argmax (numpy's: first maximum, or first NaN).");
 }
 
 }  // namespace infer

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "../dispatch.h"
@@ -187,6 +188,51 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
         return;
     }
     pool().parallel_for(w.N, 16, [&](int64_t n0, int64_t n1) { tb.q8_gemm(w, x, n0, n1, out); }, 2);
+}
+
+void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
+    constexpr int kMax = 4;
+    if (n < 1 || n > kMax || xin.T != 1) throw std::logic_error("matmul_q8_one_token: 1..4 weights, one token");
+    const InferTable& tb = active();
+    struct Task {
+        int w;
+        int64_t n0, n1;
+    };
+    struct Job {
+        ActQ8 x[kMax];
+        const WeightView* const* ws;
+        const GemmOut* outs;
+        std::vector<Task> tasks;
+        const InferTable* tb;
+    } job;
+    job.ws = ws;
+    job.outs = outs;
+    job.tb = &tb;
+    int64_t off = 0;
+    for (int i = 0; i < n; ++i) {  // each weight's prep in its own part of one buffer
+        job.x[i] = xin;
+        const int64_t pb = tb.q8_prep_bytes(*ws[i], xin.group);
+        job.x[i].prep_stride = pb;
+        off += (pb + 63) & ~int64_t{63};
+    }
+    uint8_t* prep = scratch(0, std::max<int64_t>(off, 1));
+    off = 0;
+    for (int i = 0; i < n; ++i) {
+        const WeightView& w = *ws[i];
+        if (job.x[i].prep_stride > 0) {
+            job.x[i].prep = prep + off;
+            off += (job.x[i].prep_stride + 63) & ~int64_t{63};
+            tb.q8_prep(w, job.x[i], 0, 1);
+        }
+        // matmul_q8's split of this weight (one chunk where it runs on one thread)
+        const int64_t chunks = w.N * w.K < 8 * kParallelMin ? 1 : pool().chunk_count(w.N, 16, 2);
+        for (int64_t c = 0; c < chunks; ++c) job.tasks.push_back({i, c * w.N / chunks, (c + 1) * w.N / chunks});
+    }
+    pool().run(static_cast<int64_t>(job.tasks.size()), [](void* p, int64_t t) {
+        const Job& j = *static_cast<const Job*>(p);
+        const Task& k = j.tasks[static_cast<size_t>(t)];
+        j.tb->q8_gemm(*j.ws[k.w], j.x[k.w], k.n0, k.n1, j.outs[k.w]);
+    }, &job);
 }
 
 void matmul_f32(const WeightView& w, const ActF32& xin, const GemmOut& out) {
