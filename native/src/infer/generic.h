@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "../fp16.h"
 #include "infer.h"
@@ -573,6 +574,27 @@ inline void hadamard_row(float* x, int64_t D) {
     for (int64_t i = 0; i < D; ++i) x[i] = x[i] * s;
 }
 
+// hadamard_row on the W rows held in the lanes of x[d * stride], d < D (the same operations
+// per row, so the same bits).
+template <class V>
+inline void hadamard_lanes(float* x, int64_t stride, int64_t D) {
+    const int64_t b = D & -D;
+    const typename V::T s = V::set1(static_cast<float>(1.0 / std::sqrt(static_cast<double>(b))));
+    for (int64_t o = 0; o < D; o += b) {
+        float* y = x + o * stride;
+        for (int64_t h = 1; h < b; h <<= 1) {
+            for (int64_t i = 0; i < b; i += 2 * h) {
+                for (int64_t j = i; j < i + h; ++j) {
+                    const typename V::T a = V::load(y + j * stride), c = V::load(y + (j + h) * stride);
+                    V::store(y + j * stride, V::add(a, c));
+                    V::store(y + (j + h) * stride, V::sub(a, c));
+                }
+            }
+        }
+    }
+    for (int64_t d = 0; d < D; ++d) V::store(x + d * stride, V::mul(V::load(x + d * stride), s));
+}
+
 // Writes one token (the driver has rotated it already for a rotating layout).
 template <class V>
 Result kv_write(const KvCache& kv, int64_t pos, const float* k, int64_t kstride, const float* v,
@@ -784,73 +806,243 @@ inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float*
     for (int i = 0; i < NV; ++i) V::store(out + i * V::W, acc[i]);
 }
 
-// Scores of a tile against W keys at once (W = vector width): K block transposed to
-// kt[d * W + w] (float), then for each query lane partials P_i = sum over d = i (mod 16),
-// in increasing d, of q_d * kt[d] (starting from +0, multiply then add), folded with the
-// same 16->8->4->2->1 tree as dot16: every key's score has exactly dot16's bits.
+// ---- attention over a tile of queries (prefill): the queries in vector lanes ------------
+// Query j of the tile is lane j % W of query vector j / W (AttnScratch's layout; padding
+// lanes hold a zero query and are never written out).  Every position's K row and V row is
+// converted once per tile and serves all of its queries; each lane does exactly the
+// operations of one query in the decode path (the comment above max_of), so the bits do
+// not depend on the tile:
+//   scores: lane partials P_i = sum over d = i (mod 16), in increasing d, of q_d * k_d
+//           (from +0, multiply then add), folded 16->8->4->2->1 (dot16's tree), then
+//           (* k_scale) * scale;
+//   softmax: the max over the lane's positions (exact, order-free), e = exp(s - m) and
+//           Z = the canonical 16-lane sum (position p in lane p % 16);
+//   output: out += (e * v_scale) * code (int5: then out += e * v_min) in position order
+//           from +0, then out * (1 / Z).
+// A lane also runs over positions it does not see (up to the tile's last query), with
+// e = 0 there: a sum that starts at +0 is never -0, and x + (+-0) == x for every other x,
+// so those terms change no bit.
+
+// Position p's cache index for kv head `head`.
+inline int64_t kv_index(const KvCache& kv, int64_t p, int64_t head) {
+    return (static_cast<int64_t>(kv.table[p / kv.block_size]) * kv.block_size + p % kv.block_size) * kv.n_kv_heads + head;
+}
+
+// The lengths of the tile's queries: lane j sees [lo(j), len(j)); padding lanes see the
+// tile's longest range.
+struct TileLanes {
+    const AttnTile& t;
+    int64_t Lmax;
+    int64_t len(int64_t j) const { return j < t.nq ? t.L0 + j / t.per : Lmax; }
+    int64_t lo(int64_t j) const {
+        const int64_t L = len(j);
+        return j < t.nq && t.window > 0 && L > t.window ? L - t.window : 0;
+    }
+};
+
+// Scores of every query vector that sees position p against K row kr (float).  TAIL:
+// D % 16 != 0 (a separate instance: the tail's conditions would keep P in memory).
+template <class V, bool TAIL>
+inline void tile_scores_row(const float* qt, int64_t QW, int64_t D, const float* kr, typename V::T post,
+                            bool quantized, typename V::T vscale, int64_t qv0, int64_t nqv, float* srow) {
+    using T = typename V::T;
+    for (int64_t qv = qv0; qv < nqv; ++qv) {
+        const float* q = qt + qv * V::W;
+        T P[16];
+        for (int i = 0; i < 16; ++i) P[i] = V::zero();
+        int64_t d0 = 0;
+        for (; d0 + 16 <= D; d0 += 16) {  // i compile-time: P stays in registers
+            for (int i = 0; i < 16; ++i) {
+                P[i] = V::add(P[i], V::mul(V::load(q + (d0 + i) * QW), V::set1(kr[d0 + i])));
+            }
+        }
+        for (int i = 0; TAIL && i < 16; ++i) {
+            if (d0 + i < D) P[i] = V::add(P[i], V::mul(V::load(q + (d0 + i) * QW), V::set1(kr[d0 + i])));
+        }
+        for (int h = 8; h >= 1; h >>= 1) {
+            for (int i = 0; i < h; ++i) P[i] = V::add(P[i], P[i + h]);
+        }
+        V::store(srow + qv * V::W, quantized ? V::mul(V::mul(P[0], post), vscale) : V::mul(P[0], vscale));
+    }
+}
+
+// Softmax numerators of query vector qv in place (column of stride QW), its 1 / Z to zinv.
 template <class V>
-inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, float* sc, int64_t Lmax,
-                         float* kt) {
-    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
+inline void tile_softmax(const TileLanes& ln, int64_t qv, float* sc, int64_t QW, float* zinv) {
+    using T = typename V::T;
     constexpr int W = V::W;
-    int64_t idx[W];
-    float ks[W];
-    for (int64_t p = 0; p < Lmax; p += W) {
-        const int64_t n = W < Lmax - p ? W : Lmax - p;
-        for (int w = 0; w < W; ++w) {
-            const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
-            idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized ? k_scale_at<V>(kv, idx[w]) : 1.0f;
+    const AttnTile& t = ln.t;
+    const int64_t j0 = qv * W, pend = ln.len(j0 + W - 1);
+    float* S = sc + j0;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    int64_t all_lo = 0, all_hi = pend;  // positions every lane of the vector sees
+    for (int64_t w = 0; w < W; ++w) {
+        const int64_t j = j0 + w, L = ln.len(j), lo = ln.lo(j);
+        if (j >= t.nq) continue;
+        if (t.softcap > 0.0f) {
+            for (int64_t p = lo; p < L; ++p) S[p * QW + w] = t.softcap * std::tanh(S[p * QW + w] / t.softcap);
         }
-        for (int w = 0; w < W; ++w) {
-            if (kv.quantized) {
-                const int8_t* kq = kv.k + idx[w] * D;
-                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = static_cast<float>(kq[d]);
-            } else {
-                const float* kf = kv.kf + idx[w] * D;
-                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = kf[d];
+        for (int64_t p = 0; p < lo; ++p) S[p * QW + w] = ninf;
+        for (int64_t p = L; p < pend; ++p) S[p * QW + w] = ninf;
+        all_lo = lo > all_lo ? lo : all_lo;
+        all_hi = L < all_hi ? L : all_hi;
+    }
+    T m = V::set1(ninf);
+    for (int64_t p = 0; p < pend; ++p) m = V::max(V::load(S + p * QW), m);
+    T Z[16];
+    for (int i = 0; i < 16; ++i) Z[i] = V::zero();
+    auto numerator = [&](int64_t p) {
+        T e = exp_v<V>(V::sub(V::load(S + p * QW), m));
+        if (p < all_lo || p >= all_hi) {  // some lane does not see p: its e is 0
+            alignas(64) float tmp[W];
+            V::store(tmp, e);
+            for (int64_t w = 0; w < W; ++w) {
+                if (p < ln.lo(j0 + w) || p >= ln.len(j0 + w)) tmp[w] = 0.0f;
             }
+            e = V::load(tmp);
         }
-        const typename V::T vks = V::load(ks), vscale = V::set1(t.scale);
-        for (int64_t tt = first_active(t, p) / t.per, j = tt * t.per; j < t.nq; ++tt) {
-            const float* qt = t.q + tt * t.qstride;
-            for (int64_t r = 0; r < t.per; ++r, ++j) {
-                const float* q = qt + r * D;
-                typename V::T P[16];
-                for (int i = 0; i < 16; ++i) P[i] = V::zero();
-                int64_t d0 = 0;
-                for (; d0 + 16 <= D; d0 += 16) {  // i compile-time: P stays in registers
-                    for (int i = 0; i < 16; ++i) {
-                        P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
-                    }
-                }
-                for (int i = 0; d0 + i < D; ++i) {
-                    P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
-                }
-                for (int h = 8; h >= 1; h >>= 1) {
-                    for (int i = 0; i < h; ++i) P[i] = V::add(P[i], P[i + h]);
-                }
-                const typename V::T s = kv.quantized ? V::mul(V::mul(P[0], vks), vscale) : V::mul(P[0], vscale);
-                if (n == W) {
-                    V::store(sc + j * Lmax + p, s);
-                } else {
-                    float tmp[W];
-                    V::store(tmp, s);
-                    for (int64_t w = 0; w < n; ++w) sc[j * Lmax + p + w] = tmp[w];
-                }
+        V::store(S + p * QW, e);
+        return e;
+    };
+    int64_t p = 0;
+    for (; p + 16 <= pend; p += 16) {
+        for (int i = 0; i < 16; ++i) Z[i] = V::add(Z[i], numerator(p + i));
+    }
+    for (int i = 0; i < 16; ++i) {
+        if (p + i < pend) Z[i] = V::add(Z[i], numerator(p + i));
+    }
+    for (int h = 8; h >= 1; h >>= 1) {
+        for (int i = 0; i < h; ++i) Z[i] = V::add(Z[i], Z[i + h]);
+    }
+    V::store(zinv + j0, V::div(V::set1(1.0f), Z[0]));
+}
+
+// Output sums of elements [c0, c0 + E) of query vector qv (acc [d][lane]) over positions
+// [p0, p1) whose V rows are rows[p - p0] with scale vs[(p - p0) * G + g] (and min vm).
+template <class V, int E>
+inline void tile_v_chunk(const KvCache& kv, const float* const* rows, const float* vs, const float* vm,
+                         int64_t G, const float* sc, int64_t QW, int64_t qv, int64_t p0, int64_t p1,
+                         int64_t c0, float* acc) {
+    using T = typename V::T;
+    constexpr int W = V::W;
+    const int64_t g = kv.quantized ? c0 / kv.v_group : 0;
+    T a[E];
+    for (int i = 0; i < E; ++i) a[i] = V::load(acc + (c0 + i) * QW + qv * W);
+    for (int64_t p = p0; p < p1; ++p) {
+        const T e = V::load(sc + p * QW + qv * W);
+        const float* vr = rows[p - p0] + c0;
+        const T w = kv.quantized ? V::mul(e, V::set1(vs[(p - p0) * G + g])) : e;
+        for (int i = 0; i < E; ++i) a[i] = V::add(a[i], V::mul(w, V::set1(vr[i])));
+        if (kv.v5) {
+            const T wm = V::mul(e, V::set1(vm[(p - p0) * G + g]));
+            for (int i = 0; i < E; ++i) a[i] = V::add(a[i], wm);
+        }
+    }
+    for (int i = 0; i < E; ++i) V::store(acc + (c0 + i) * QW + qv * W, a[i]);
+}
+
+template <class V>
+void attn_tile(const KvCache& kv, int64_t head, const AttnTile& t, float* scratch) {
+    using T = typename V::T;
+    constexpr int W = V::W;
+    const int64_t D = kv.head_dim, Lmax = t.L0 + (t.nq - 1) / t.per;
+    const AttnScratch lay(t.nq, Lmax, D);
+    const int64_t QW = lay.lanes, nqv = (t.nq + W - 1) / W, used = nqv * W;
+    float* qt = scratch + lay.qt;
+    float* sc = scratch + lay.sc;
+    float* acc = scratch + lay.acc;
+    float* zinv = scratch + lay.zinv;
+    const TileLanes ln{t, Lmax};
+    for (int64_t j = 0; j < used; ++j) {
+        const float* q = j < t.nq ? tile_q(t, j, D) : nullptr;
+        for (int64_t d = 0; d < D; ++d) qt[d * QW + j] = q != nullptr ? q[d] : 0.0f;
+    }
+    if (kv.rotate) {  // q . k in the stored basis
+        for (int64_t qv = 0; qv < nqv; ++qv) hadamard_lanes<V>(qt + qv * W, QW, D);
+    }
+    // scores, one position (K row converted once) against every query vector that sees it
+    float* krow = scratch + lay.krow;
+    const T vscale = V::set1(t.scale);
+    for (int64_t p = 0; p < Lmax; ++p) {
+        const int64_t idx = kv_index(kv, p, head);
+        const float* kr = kv.kf + idx * D;
+        float ks = 1.0f;
+        if (kv.quantized) {
+            const int8_t* kq = kv.k + idx * D;
+            int64_t i = 0;
+            for (; i + W <= D; i += W) V::store(krow + i, V::load_i8(kq + i));
+            for (; i < D; ++i) krow[i] = static_cast<float>(kq[i]);
+            kr = krow;
+            ks = k_scale_at<V>(kv, idx);
+        }
+        const int64_t qv0 = first_active(t, p) / W;
+        if (D % 16 == 0) {
+            tile_scores_row<V, false>(qt, QW, D, kr, V::set1(ks), kv.quantized, vscale, qv0, nqv, sc + p * QW);
+        } else {
+            tile_scores_row<V, true>(qt, QW, D, kr, V::set1(ks), kv.quantized, vscale, qv0, nqv, sc + p * QW);
+        }
+    }
+    for (int64_t qv = 0; qv < nqv; ++qv) tile_softmax<V>(ln, qv, sc, QW, zinv);
+    // output sums: kVRows V rows converted at a time, then every query vector over them
+    for (int64_t i = 0; i < D * QW; ++i) acc[i] = 0.0f;
+    const int64_t n = kv.v_group, G = kv.quantized ? D / n : 1;
+    float* vrows = scratch + lay.vrows;
+    float* vs = scratch + lay.vscale;
+    float* vm = scratch + lay.vmin;
+    const float* rows[AttnScratch::kVRows];
+    const bool e16 = W != 8 && (kv.quantized ? n % 16 == 0 : D % 16 == 0);  // AVX2: 16 registers
+    for (int64_t p0 = 0; p0 < Lmax; p0 += AttnScratch::kVRows) {
+        const int64_t m = AttnScratch::kVRows < Lmax - p0 ? AttnScratch::kVRows : Lmax - p0;
+        for (int64_t r = 0; r < m; ++r) {
+            const int64_t idx = kv_index(kv, p0 + r, head);
+            if (!kv.quantized) {
+                rows[r] = kv.vf + idx * D;
+                continue;
             }
+            float* row = vrows + r * D;
+            for (int64_t g = 0; g < G; ++g) {
+                decode_v_group<V>(kv, idx, g, row + g * n);
+                vs[r * G + g] = v_scale_at<V>(kv, idx * G + g);
+                if (kv.v5) vm[r * G + g] = V::h2f(kv.v_min[idx * G + g]);
+            }
+            rows[r] = row;
         }
+        for (int64_t qv = first_active(t, p0) / W; qv < nqv; ++qv) {
+            const int64_t pend = ln.len(qv * W + W - 1), p1 = p0 + m < pend ? p0 + m : pend;
+            int64_t c0 = 0;
+            if (e16) {
+                for (; c0 + 16 <= D; c0 += 16) tile_v_chunk<V, 16>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+            }
+            for (; c0 + 8 <= D; c0 += 8) tile_v_chunk<V, 8>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+            for (; c0 < D; ++c0) tile_v_chunk<V, 1>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+        }
+    }
+    for (int64_t qv = 0; qv < nqv; ++qv) {
+        const T zi = V::load(zinv + qv * W);
+        for (int64_t d = 0; d < D; ++d) V::store(acc + d * QW + qv * W, V::mul(V::load(acc + d * QW + qv * W), zi));
+        if (kv.rotate) hadamard_lanes<V>(acc + qv * W, QW, D);  // back from the stored basis
+    }
+    for (int64_t j = 0; j < t.nq; ++j) {
+        float* o = tile_out(t, j, D);
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[d * QW + j];
     }
 }
 
 template <class V>
-void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc) {
+    if (tile.nq > 1) return attn_tile<V>(kv, head, tile, sc);
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
-    const int64_t Lmax = t.L0 + (t.nq - 1) / t.per;
-    float* row = sc + t.nq * Lmax;  // one K or V row as float (or a W x D transposed block)
-    if (V::W >= 8 && t.nq >= 4) {
-        scores_block<V>(kv, head, t, sc, Lmax, row);
-    } else {
+    AttnTile t = tile;
+    const int64_t Lmax = t.L0;
+    const AttnScratch lay(1, Lmax, D);
+    float* row = sc + lay.krow;  // one K or V row as float
+    if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
+        float* qr = sc + lay.qt;
+        std::memcpy(qr, t.q, static_cast<size_t>(D) * sizeof(float));
+        hadamard_row(qr, D);
+        t.q = qr;
+    }
+    {
     // scores, one key at a time
     for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
         const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
@@ -922,6 +1114,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         for (; i + V::W <= D; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
         for (; i < D; ++i) o[i] = o[i] * inv;
     }
+    if (kv.rotate) hadamard_row(t.out, D);
 }
 
 // ---- LoRA up-projection (infer.h LoraUpFn) ------------------------------------------------
