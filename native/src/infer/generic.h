@@ -499,20 +499,27 @@ constexpr int64_t kMaxVGroup = 1024;  // the binding refuses larger V groups
 // The int5 / int6 codes (0..31 / 0..63) of group gi of the V row at cache index idx, as
 // n bytes (scalar table work; callers convert them with V::load_i8 well after the stores,
 // so the vector load never waits on a partial store forward).
+inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c);
 inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
-    const int64_t n = kv.v_group, D = kv.head_dim;
-    const uint8_t* nb = kv.v + idx * (D / 2) + gi * (n / 2);
+    v_code_bytes_at(kv, idx, gi * kv.v_group, kv.v_group, c);
+}
+
+// The same for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8): the planes run
+// along the whole row, whatever the V group.
+inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c) {
+    const int64_t D = kv.head_dim;
+    const uint8_t* nb = kv.v + idx * (D / 2) + e0 / 2;
     if (kv.v6) {
-        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
-        for (int64_t j = 0; j < n / 4; ++j) {
+        const uint8_t* hb = kv.v_high + idx * (D / 4) + e0 / 4;
+        for (int64_t j = 0; j < cnt / 4; ++j) {
             const uint32_t y = kVCodes.hi6[hb[j]] | kVCodes.nib[nb[2 * j]] |
                                (static_cast<uint32_t>(kVCodes.nib[nb[2 * j + 1]]) << 16);
             std::memcpy(c + 4 * j, &y, 4);
         }
         return;
     }
-    const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
-    for (int64_t j = 0; j < n / 8; ++j) {
+    const uint8_t* hb = kv.v_high + idx * (D / 8) + e0 / 8;
+    for (int64_t j = 0; j < cnt / 8; ++j) {
         const uint8_t* p = nb + 4 * j;
         const uint64_t x = kVCodes.hi5[hb[j]] | kVCodes.nib[p[0]] | (static_cast<uint64_t>(kVCodes.nib[p[1]]) << 16) |
                            (static_cast<uint64_t>(kVCodes.nib[p[2]]) << 32) |
@@ -535,18 +542,26 @@ inline float v_code_offset(const KvCache& kv) { return kv.v6 ? 32.0f : 0.0f; }
 // Group gi of the V row at cache index idx as floats: nib - 8 (int4), the int5 code c, or
 // c - 32 (int6).
 template <class V>
+inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row);
+template <class V>
 inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
-    const int64_t n = kv.v_group, D = kv.head_dim;
+    decode_v_at<V>(kv, idx, gi * kv.v_group, kv.v_group, row);
+}
+
+// The same for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8).
+template <class V>
+inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    const int64_t D = kv.head_dim;
     if (kv.v5 || kv.v6) {
         alignas(64) int8_t c[kMaxVGroup];
-        v_code_bytes(kv, idx, gi, c);
-        codes_to_float<V>(c, n, v_code_offset(kv), row);
+        v_code_bytes_at(kv, idx, e0, cnt, c);
+        codes_to_float<V>(c, cnt, v_code_offset(kv), row);
         return;
     }
-    const uint8_t* vq = kv.v + idx * (D / 2) + gi * (n / 2);
+    const uint8_t* vq = kv.v + idx * (D / 2) + e0 / 2;
     int64_t i0 = 0;
-    for (; i0 + 32 <= n; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
-    for (; i0 < n; i0 += 2) {
+    for (; i0 + 32 <= cnt; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
+    for (; i0 < cnt; i0 += 2) {
         const uint8_t b = vq[i0 / 2];
         row[i0] = static_cast<float>(b & 0x0f) - 8.0f;
         row[i0 + 1] = static_cast<float>(b >> 4) - 8.0f;
@@ -1028,8 +1043,153 @@ void attn_tile(const KvCache& kv, int64_t head, const AttnTile& t, float* scratc
     }
 }
 
+// Softmax numerators of one query's scores sj[0, L) in place (soft-capped first; keys
+// outside a sliding window get 0).
+template <class V>
+inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
+    const int64_t lo = t.window > 0 && L > t.window ? L - t.window : 0;
+    if (t.softcap > 0.0f) {
+        for (int64_t p = lo; p < L; ++p) sj[p] = t.softcap * std::tanh(sj[p] / t.softcap);
+    }
+    for (int64_t p = 0; p < lo; ++p) sj[p] = 0.0f;
+    const float m = max_of<V>(sj + lo, L - lo);
+    const typename V::T vm = V::set1(m);
+    int64_t p = lo;
+    for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
+    for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
+}
+
+// ---- decode: the query heads of one token that share a kv head --------------------------
+// t.nq == t.per heads over positions [0, t.L0), output elements [t.e0, t.e1) only: each K
+// row is converted once for all the heads and each V row once for all of them, and a kv
+// head's work splits over its output elements (every part computes the scores and the
+// softmax whole).  Per head these are the operations of the one-query path (attn_heads),
+// so the same bits.
+// attn_group's output sums for R heads and E elements from e0 (inside one V group) with
+// the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
+// assembled first (as attn_v_regs): the same operations as its memory loop.
+template <class V, int R, int E>
+inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
+    using T = typename V::T;
+    constexpr int NV = E / V::W;
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n, g = e0 / n;
+    const bool coded = kv.v5 || kv.v6;
+    const T off = V::set1(v_code_offset(kv));
+    T acc[R][NV];
+    for (int r = 0; r < R; ++r) {
+        for (int w = 0; w < NV; ++w) acc[r][w] = V::zero();
+    }
+    alignas(64) int8_t codes[kAttnCodeRows * E];
+    alignas(64) float row[E];
+    for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
+        const int64_t m0 = BS < L - p0 ? BS : L - p0;
+        const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
+            const int64_t m = kAttnCodeRows < m0 - s0 ? kAttnCodeRows : m0 - s0;
+            if (coded) {
+                for (int64_t s = 0; s < m; ++s) v_code_bytes_at(kv, base + (s0 + s) * H, e0, E, codes + s * E);
+            }
+            for (int64_t s = s0; s < s0 + m; ++s) {
+                const int64_t idx = base + s * H, p = p0 + s;
+                T x[NV];
+                if (coded) {
+                    for (int w = 0; w < NV; ++w) x[w] = V::sub(V::load_i8(codes + (s - s0) * E + w * V::W), off);
+                } else {
+                    decode_v_at<V>(kv, idx, e0, E, row);
+                    for (int w = 0; w < NV; ++w) x[w] = V::load(row + w * V::W);
+                }
+                const float d = v_scale_at<V>(kv, idx * G + g);
+                const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
+                for (int r = 0; r < R; ++r) {
+                    const float e = S[r * L + p];
+                    const T va = V::set1(e * d);
+                    for (int w = 0; w < NV; ++w) acc[r][w] = V::add(acc[r][w], V::mul(va, x[w]));
+                    if (kv.v5) {
+                        const T vm = V::set1(e * mn);
+                        for (int w = 0; w < NV; ++w) acc[r][w] = V::add(acc[r][w], vm);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int w = 0; w < NV; ++w) V::store(out + r * D + e0 + w * V::W, acc[r][w]);
+    }
+}
+
+template <class V, int E>
+inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, const float* S) {
+    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0) return false;
+    switch (t.nq) {
+        case 2: group_v_regs<V, 2, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        case 3: group_v_regs<V, 3, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        case 4: group_v_regs<V, 4, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        default: return false;
+    }
+}
+
+template <class V>
+void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+    const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
+    const AttnScratch lay(1, L, D);
+    float* krow = sc + lay.krow;
+    float* row = sc + lay.vrows;
+    float* S = sc + lay.sc;
+    for (int64_t p = 0, idx = 0; p < L; ++p) {
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv_index(kv, p, head);
+        const float* kr = kv.kf + idx * D;
+        if (kv.quantized) {
+            const int8_t* kq = kv.k + idx * D;
+            int64_t i = 0;
+            for (; i + V::W <= D; i += V::W) V::store(krow + i, V::load_i8(kq + i));
+            for (; i < D; ++i) krow[i] = static_cast<float>(kq[i]);
+            kr = krow;
+        }
+        const float ks = kv.quantized ? k_scale_at<V>(kv, idx) : 1.0f;
+        for (int64_t r = 0; r < R; ++r) {
+            const float dot = dot16<V>(t.q + r * D, kr, D, [](const float* x) { return V::load(x); });
+            S[r * L + p] = kv.quantized ? (dot * ks) * t.scale : dot * t.scale;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        softmax_numerators<V>(S + r * L, L, t);
+        for (int64_t i = t.e0; i < t.e1; ++i) t.out[r * D + i] = 0.0f;
+    }
+    const bool fast = group_v_fast<V, 32>(kv, head, t, S) || group_v_fast<V, 64>(kv, head, t, S);
+    for (int64_t p = 0, idx = 0; p < L && !fast; ++p) {
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv_index(kv, p, head);
+        for (int64_t a = t.e0; a < t.e1;) {  // the parts of [e0, e1) in one V group each
+            const int64_t g = kv.quantized ? a / n : 0;
+            const int64_t b = kv.quantized && (g + 1) * n < t.e1 ? (g + 1) * n : t.e1;
+            const float* vr = kv.vf + idx * D + a;
+            float d = 1.0f, mn = 0.0f;
+            if (kv.quantized) {
+                decode_v_at<V>(kv, idx, a, b - a, row);
+                vr = row;
+                d = v_scale_at<V>(kv, idx * G + g);
+                if (kv.v5) mn = V::h2f(kv.v_min[idx * G + g]);
+            }
+            for (int64_t r = 0; r < R; ++r) {
+                const float e = S[r * L + p];
+                axpy_row<V>(t.out + r * D + a, kv.quantized ? e * d : e, vr, b - a);
+                if (kv.v5) add_const<V>(t.out + r * D + a, e * mn, b - a);
+            }
+            a = b;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        const float inv = 1.0f / sum16<V>(S + r * L, L);
+        const typename V::T vi = V::set1(inv);
+        float* o = t.out + r * D;
+        int64_t i = t.e0;
+        for (; i + V::W <= t.e1; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
+        for (; i < t.e1; ++i) o[i] = o[i] * inv;
+    }
+}
+
 template <class V>
 void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc) {
+    if (tile.e1 > 0) return attn_group<V>(kv, head, tile, sc);
     if (tile.nq > 1) return attn_tile<V>(kv, head, tile, sc);
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
     AttnTile t = tile;
@@ -1078,18 +1238,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
     }
     // softmax numerators (soft-capped scores first; keys outside a sliding window get 0)
     for (int64_t j = 0; j < t.nq; ++j) {
-        float* sj = sc + j * Lmax;
-        const int64_t L = t.L0 + j / t.per;
-        const int64_t lo = t.window > 0 && L > t.window ? L - t.window : 0;
-        if (t.softcap > 0.0f) {
-            for (int64_t p = lo; p < L; ++p) sj[p] = t.softcap * std::tanh(sj[p] / t.softcap);
-        }
-        for (int64_t p = 0; p < lo; ++p) sj[p] = 0.0f;
-        const float m = max_of<V>(sj + lo, L - lo);
-        const typename V::T vm = V::set1(m);
-        int64_t p = lo;
-        for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
-        for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
+        softmax_numerators<V>(sc + j * Lmax, t.L0 + j / t.per, t);
         float* o = tile_out(t, j, D);
         for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
     }

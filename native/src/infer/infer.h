@@ -149,6 +149,9 @@ struct AttnTile {
     float scale = 0.0f;
     int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
     float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
+    // e1 > 0: the nq (== per) heads of one token, rows of D at q and out, and only output
+    // elements [e0, e1) (multiples of 8) are written: one part of a decode step.
+    int64_t e0 = 0, e1 = 0;
 };
 // The scratch of attn_heads (floats, offsets 64-byte aligned from a 64-byte aligned base)
 // for nq queries over at most Lmax positions.  One query (decode): its scores and a K / V
@@ -158,13 +161,15 @@ struct AttnTile {
 struct AttnScratch {
     static constexpr int64_t kLanes = 16;  // a multiple of every ISA's vector width
     static constexpr int64_t kVRows = 32;
+    static constexpr int64_t kMaxHeads = 16;  // query heads per kv head in one decode task
     int64_t lanes = 0, qt = 0, sc = 0, acc = 0, zinv = 0, krow = 0, vrows = 0, vscale = 0, vmin = 0;
     int64_t total = 0;
     AttnScratch(int64_t nq, int64_t Lmax, int64_t D) {
-        if (nq == 1) {  // scores at 0, then a K / V row, the rotated q
-            krow = Lmax;
-            qt = Lmax + 8 * D;
-            total = Lmax + 16 * D;
+        if (nq == 1) {  // one token: the scores of up to kMaxHeads heads, a K and a V row,
+            krow = Lmax * kMaxHeads;  // the rotated q
+            vrows = krow + D;
+            qt = krow + 8 * D;
+            total = krow + 16 * D;
             return;
         }
         lanes = (nq + kLanes - 1) / kLanes * kLanes;

@@ -291,17 +291,27 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     return {};
 }
 
-void attend(const KvCache& kv, const AttnArgs& a) {
+void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const InferTable& tb = active();
+    KvCache kv = kv_in;
+    AttnArgs a = a_in;
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
-    // Decode: one task per query head (balances 2 threads over few heads).  Prefill: one
-    // task per (kv head, tile of kTile tokens) with all of its query heads (kTile * rep
-    // queries fill 16 vector lanes), so each K/V row is converted once per tile.  Every
-    // query's arithmetic is the same either way.
-    constexpr int64_t kTile = 32;
     const bool decode = a.T == 1;
+    // Decode: one task per (kv head, half of the output elements) with all of its query
+    // heads, so each K / V row is converted once for them (one task per query head without
+    // GQA).  Prefill: one task per (kv head, tile of kTile tokens) with all of its query
+    // heads (kTile * rep queries fill 16 vector lanes), so each K / V row is converted once
+    // per tile.  Every query's arithmetic is the same either way.
+    const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
+    const int64_t parts = group && D % 16 == 0 ? 2 : 1;
+    if (decode && kv.rotate) {  // the tile kernel rotates q and out in its lanes; here rows
+        kv.rotate = false;
+        a.q = rotated(5, a.q, a.qts, 1, Hq, D);
+        a.qts = Hq * D;
+    }
+    constexpr int64_t kTile = 32;
     const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
-    const int64_t tasks = decode ? Hq : Hkv * tiles;
+    const int64_t tasks = group ? Hkv * parts : decode ? Hq : Hkv * tiles;
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
     const int64_t chunks = (work < kParallelMin || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
@@ -313,6 +323,17 @@ void attend(const KvCache& kv, const AttnArgs& a) {
             t.scale = a.scale;
             t.window = a.window;
             t.softcap = a.softcap;
+            if (group) {
+                const int64_t g = i / parts, part = i % parts;
+                t.q = a.q + g * rep * D;
+                t.out = a.out + g * rep * D;
+                t.nq = t.per = rep;
+                t.L0 = a.start + 1;
+                t.e0 = part * (D / parts);
+                t.e1 = t.e0 + D / parts;
+                tb.attn_heads(kv, g, t, sc);
+                continue;
+            }
             if (decode) {
                 t.q = a.q + i * D;
                 t.out = a.out + i * D;
@@ -334,6 +355,9 @@ void attend(const KvCache& kv, const AttnArgs& a) {
             tb.attn_heads(kv, g, t, sc);
         }
     });
+    if (kv_in.rotate && decode) {
+        for (int64_t h = 0; h < Hq; ++h) hadamard_row(a.out + h * D, D);
+    }
 }
 
 Result attention(const KvCache& kv, const AttnArgs& a) {
