@@ -548,17 +548,10 @@ inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* ro
     decode_v_at<V>(kv, idx, gi * kv.v_group, kv.v_group, row);
 }
 
-// The same for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8).
+// The int4 values nib - 8 of elements [e0, e0 + cnt) of the row (e0, cnt even).
 template <class V>
-inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
-    const int64_t D = kv.head_dim;
-    if (kv.v5 || kv.v6) {
-        alignas(64) int8_t c[kMaxVGroup];
-        v_code_bytes_at(kv, idx, e0, cnt, c);
-        codes_to_float<V>(c, cnt, v_code_offset(kv), row);
-        return;
-    }
-    const uint8_t* vq = kv.v + idx * (D / 2) + e0 / 2;
+inline void decode_v4_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    const uint8_t* vq = kv.v + idx * (kv.head_dim / 2) + e0 / 2;
     int64_t i0 = 0;
     for (; i0 + 32 <= cnt; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
     for (; i0 < cnt; i0 += 2) {
@@ -566,6 +559,18 @@ inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt,
         row[i0] = static_cast<float>(b & 0x0f) - 8.0f;
         row[i0 + 1] = static_cast<float>(b >> 4) - 8.0f;
     }
+}
+
+// decode_v_group for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8).
+template <class V>
+inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    if (kv.v5 || kv.v6) {
+        alignas(64) int8_t c[kMaxVGroup];
+        v_code_bytes_at(kv, idx, e0, cnt, c);
+        codes_to_float<V>(c, cnt, v_code_offset(kv), row);
+        return;
+    }
+    decode_v4_at<V>(kv, idx, e0, cnt, row);
 }
 
 // The orthonormal Walsh-Hadamard transform of x[0, D) in blocks of the largest power of
@@ -855,6 +860,16 @@ struct TileLanes {
     }
 };
 
+// The 16->8->4->2->1 fold of 16 vectors of lane partials, lane by lane (constant bounds:
+// with the `h` loop of VS::fold16 the compiler would take P through memory).
+template <class V>
+inline typename V::T fold_tree16(typename V::T* P) {
+    for (int i = 0; i < 8; ++i) P[i] = V::add(P[i], P[i + 8]);
+    for (int i = 0; i < 4; ++i) P[i] = V::add(P[i], P[i + 4]);
+    for (int i = 0; i < 2; ++i) P[i] = V::add(P[i], P[i + 2]);
+    return V::add(P[0], P[1]);
+}
+
 // Scores of every query vector that sees position p against K row kr (float).  TAIL:
 // D % 16 != 0 (a separate instance: the tail's conditions would keep P in memory).
 template <class V, bool TAIL>
@@ -874,10 +889,8 @@ inline void tile_scores_row(const float* qt, int64_t QW, int64_t D, const float*
         for (int i = 0; TAIL && i < 16; ++i) {
             if (d0 + i < D) P[i] = V::add(P[i], V::mul(V::load(q + (d0 + i) * QW), V::set1(kr[d0 + i])));
         }
-        for (int h = 8; h >= 1; h >>= 1) {
-            for (int i = 0; i < h; ++i) P[i] = V::add(P[i], P[i + h]);
-        }
-        V::store(srow + qv * V::W, quantized ? V::mul(V::mul(P[0], post), vscale) : V::mul(P[0], vscale));
+        const T dot = fold_tree16<V>(P);
+        V::store(srow + qv * V::W, quantized ? V::mul(V::mul(dot, post), vscale) : V::mul(dot, vscale));
     }
 }
 
@@ -926,10 +939,7 @@ inline void tile_softmax(const TileLanes& ln, int64_t qv, float* sc, int64_t QW,
     for (int i = 0; i < 16; ++i) {
         if (p + i < pend) Z[i] = V::add(Z[i], numerator(p + i));
     }
-    for (int h = 8; h >= 1; h >>= 1) {
-        for (int i = 0; i < h; ++i) Z[i] = V::add(Z[i], Z[i + h]);
-    }
-    V::store(zinv + j0, V::div(V::set1(1.0f), Z[0]));
+    V::store(zinv + j0, V::div(V::set1(1.0f), fold_tree16<V>(Z)));
 }
 
 // Output sums of elements [c0, c0 + E) of query vector qv (acc [d][lane]) over positions
@@ -1095,7 +1105,7 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
                 if (coded) {
                     for (int w = 0; w < NV; ++w) x[w] = V::sub(V::load_i8(codes + (s - s0) * E + w * V::W), off);
                 } else {
-                    decode_v_at<V>(kv, idx, e0, E, row);
+                    decode_v4_at<V>(kv, idx, e0, E, row);
                     for (int w = 0; w < NV; ++w) x[w] = V::load(row + w * V::W);
                 }
                 const float d = v_scale_at<V>(kv, idx * G + g);
