@@ -90,8 +90,8 @@ struct ActF32 {
 //   float:     kf, vf f32 [NB, BS, H, D]
 // V groups: v_group elements along D (a multiple of 8 dividing D; D/32 above is D/v_group).
 // rotate (layout "int8"): K and V are stored Walsh-Hadamard rotated (hadamard_rows); the
-// driver rotates them on write (ops.cpp: kv_write never sees the flag), attn_heads rotates
-// q before attention and its output after.
+// driver rotates them on write (ops.cpp: kv_write never sees the flag) and q / the output
+// of a decode step; attn_heads rotates those of a tile (in its vector lanes).
 struct KvCache {
     int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
     int64_t v_group = 32;

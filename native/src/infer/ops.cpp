@@ -297,14 +297,18 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     AttnArgs a = a_in;
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     const bool decode = a.T == 1;
-    // Decode: one task per (kv head, half of the output elements) with all of its query
-    // heads, so each K / V row is converted once for them (one task per query head without
-    // GQA).  Prefill: one task per (kv head, tile of kTile tokens) with all of its query
-    // heads (kTile * rep queries fill 16 vector lanes), so each K / V row is converted once
-    // per tile.  Every query's arithmetic is the same either way.
+    // Decode: one task per kv head (per half of its output elements with 2+ threads) with
+    // all of its query heads, so each K / V row is converted once for them (one task per
+    // query head without GQA).  Prefill: one task per (kv head, tile of kTile tokens) with
+    // all of its query heads (kTile * rep queries fill 16 vector lanes), so each K / V row
+    // is converted once per tile.  Every query's arithmetic is the same either way.
+    const int64_t work = Hq * a.T * (a.start + a.T) * D;
     const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
-    const int64_t parts = group && D % 16 == 0 ? 2 : 1;
-    if (decode && kv.rotate) {  // the tile kernel rotates q and out in its lanes; here rows
+    // (the parts repeat the scores, so only where threads share them; the bits do not
+    // depend on their number)
+    const bool split = work >= kParallelMin && pool().threads() > 1;
+    const int64_t parts = group && split && D % 16 == 0 ? 2 : 1;
+    if (decode && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
         kv.rotate = false;
         a.q = rotated(5, a.q, a.qts, 1, Hq, D);
         a.qts = Hq * D;
@@ -312,8 +316,7 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     constexpr int64_t kTile = 32;
     const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
     const int64_t tasks = group ? Hkv * parts : decode ? Hq : Hkv * tiles;
-    const int64_t work = Hq * a.T * (a.start + a.T) * D;
-    const int64_t chunks = (work < kParallelMin || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
+    const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
     const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(kTile, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
     pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
