@@ -1200,17 +1200,22 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
 template <class V>
 void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc) {
     if (tile.e1 > 0) return attn_group<V>(kv, head, tile, sc);
-    if (tile.nq > 1) return attn_tile<V>(kv, head, tile, sc);
+    if (tile.nq > 1 && V::W > 1) return attn_tile<V>(kv, head, tile, sc);
+    // One query, or the scalar reference's tiles (one lane: cheaper query by query, within
+    // the tile's scratch: scores [nq, Lmax], a row, the rotated queries).
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
     AttnTile t = tile;
-    const int64_t Lmax = t.L0;
+    const int64_t Lmax = t.L0 + (t.nq - 1) / t.per;
     const AttnScratch lay(1, Lmax, D);
-    float* row = sc + lay.krow;  // one K or V row as float
+    float* row = t.nq == 1 ? sc + lay.krow : sc + t.nq * Lmax;  // one K or V row as float
     if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
-        float* qr = sc + lay.qt;
-        std::memcpy(qr, t.q, static_cast<size_t>(D) * sizeof(float));
-        hadamard_row(qr, D);
+        float* qr = t.nq == 1 ? sc + lay.qt : row + D;
+        for (int64_t j = 0; j < t.nq; ++j) {
+            std::memcpy(qr + j * D, tile_q(tile, j, D), static_cast<size_t>(D) * sizeof(float));
+            hadamard_row(qr + j * D, D);
+        }
         t.q = qr;
+        t.qstride = t.per * D;
     }
     {
     // scores, one key at a time
@@ -1272,8 +1277,8 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
         int64_t i = 0;
         for (; i + V::W <= D; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
         for (; i < D; ++i) o[i] = o[i] * inv;
+        if (kv.rotate) hadamard_row(o, D);
     }
-    if (kv.rotate) hadamard_row(t.out, D);
 }
 
 // ---- LoRA up-projection (infer.h LoraUpFn) ------------------------------------------------
