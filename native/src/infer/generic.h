@@ -843,11 +843,6 @@ inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float*
 // e = 0 there: a sum that starts at +0 is never -0, and x + (+-0) == x for every other x,
 // so those terms change no bit.
 
-// Position p's cache index for kv head `head`.
-inline int64_t kv_index(const KvCache& kv, int64_t p, int64_t head) {
-    return (static_cast<int64_t>(kv.table[p / kv.block_size]) * kv.block_size + p % kv.block_size) * kv.n_kv_heads + head;
-}
-
 // The lengths of the tile's queries: lane j sees [lo(j), len(j)); padding lanes see the
 // tile's longest range.
 struct TileLanes {
@@ -989,7 +984,7 @@ void attn_tile(const KvCache& kv, int64_t head, const AttnTile& t, float* scratc
     float* krow = scratch + lay.krow;
     const T vscale = V::set1(t.scale);
     for (int64_t p = 0; p < Lmax; ++p) {
-        const int64_t idx = kv_index(kv, p, head);
+        const int64_t idx = kv.index(p, head);
         const float* kr = kv.kf + idx * D;
         float ks = 1.0f;
         if (kv.quantized) {
@@ -1019,7 +1014,7 @@ void attn_tile(const KvCache& kv, int64_t head, const AttnTile& t, float* scratc
     for (int64_t p0 = 0; p0 < Lmax; p0 += AttnScratch::kVRows) {
         const int64_t m = AttnScratch::kVRows < Lmax - p0 ? AttnScratch::kVRows : Lmax - p0;
         for (int64_t r = 0; r < m; ++r) {
-            const int64_t idx = kv_index(kv, p0 + r, head);
+            const int64_t idx = kv.index(p0 + r, head);
             if (!kv.quantized) {
                 rows[r] = kv.vf + idx * D;
                 continue;
@@ -1146,7 +1141,7 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     float* row = sc + lay.vrows;
     float* S = sc + lay.sc;
     for (int64_t p = 0, idx = 0; p < L; ++p) {
-        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv_index(kv, p, head);
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
         const float* kr = kv.kf + idx * D;
         if (kv.quantized) {
             const int8_t* kq = kv.k + idx * D;
@@ -1167,7 +1162,7 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     }
     const bool fast = group_v_fast<V, 32>(kv, head, t, S) || group_v_fast<V, 64>(kv, head, t, S);
     for (int64_t p = 0, idx = 0; p < L && !fast; ++p) {
-        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv_index(kv, p, head);
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
         for (int64_t a = t.e0; a < t.e1;) {  // the parts of [e0, e1) in one V group each
             const int64_t g = kv.quantized ? a / n : 0;
             const int64_t b = kv.quantized && (g + 1) * n < t.e1 ? (g + 1) * n : t.e1;
