@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "../fp16.h"
 #include "infer.h"
@@ -498,20 +499,27 @@ constexpr int64_t kMaxVGroup = 1024;  // the binding refuses larger V groups
 // The int5 / int6 codes (0..31 / 0..63) of group gi of the V row at cache index idx, as
 // n bytes (scalar table work; callers convert them with V::load_i8 well after the stores,
 // so the vector load never waits on a partial store forward).
+inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c);
 inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
-    const int64_t n = kv.v_group, D = kv.head_dim;
-    const uint8_t* nb = kv.v + idx * (D / 2) + gi * (n / 2);
+    v_code_bytes_at(kv, idx, gi * kv.v_group, kv.v_group, c);
+}
+
+// The same for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8): the planes run
+// along the whole row, whatever the V group.
+inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c) {
+    const int64_t D = kv.head_dim;
+    const uint8_t* nb = kv.v + idx * (D / 2) + e0 / 2;
     if (kv.v6) {
-        const uint8_t* hb = kv.v_high + idx * (D / 4) + gi * (n / 4);
-        for (int64_t j = 0; j < n / 4; ++j) {
+        const uint8_t* hb = kv.v_high + idx * (D / 4) + e0 / 4;
+        for (int64_t j = 0; j < cnt / 4; ++j) {
             const uint32_t y = kVCodes.hi6[hb[j]] | kVCodes.nib[nb[2 * j]] |
                                (static_cast<uint32_t>(kVCodes.nib[nb[2 * j + 1]]) << 16);
             std::memcpy(c + 4 * j, &y, 4);
         }
         return;
     }
-    const uint8_t* hb = kv.v_high + idx * (D / 8) + gi * (n / 8);
-    for (int64_t j = 0; j < n / 8; ++j) {
+    const uint8_t* hb = kv.v_high + idx * (D / 8) + e0 / 8;
+    for (int64_t j = 0; j < cnt / 8; ++j) {
         const uint8_t* p = nb + 4 * j;
         const uint64_t x = kVCodes.hi5[hb[j]] | kVCodes.nib[p[0]] | (static_cast<uint64_t>(kVCodes.nib[p[1]]) << 16) |
                            (static_cast<uint64_t>(kVCodes.nib[p[2]]) << 32) |
@@ -534,22 +542,35 @@ inline float v_code_offset(const KvCache& kv) { return kv.v6 ? 32.0f : 0.0f; }
 // Group gi of the V row at cache index idx as floats: nib - 8 (int4), the int5 code c, or
 // c - 32 (int6).
 template <class V>
+inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row);
+template <class V>
 inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
-    const int64_t n = kv.v_group, D = kv.head_dim;
-    if (kv.v5 || kv.v6) {
-        alignas(64) int8_t c[kMaxVGroup];
-        v_code_bytes(kv, idx, gi, c);
-        codes_to_float<V>(c, n, v_code_offset(kv), row);
-        return;
-    }
-    const uint8_t* vq = kv.v + idx * (D / 2) + gi * (n / 2);
+    decode_v_at<V>(kv, idx, gi * kv.v_group, kv.v_group, row);
+}
+
+// The int4 values nib - 8 of elements [e0, e0 + cnt) of the row (e0, cnt even).
+template <class V>
+inline void decode_v4_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    const uint8_t* vq = kv.v + idx * (kv.head_dim / 2) + e0 / 2;
     int64_t i0 = 0;
-    for (; i0 + 32 <= n; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
-    for (; i0 < n; i0 += 2) {
+    for (; i0 + 32 <= cnt; i0 += 32) V::nib32(vq + i0 / 2, row + i0);
+    for (; i0 < cnt; i0 += 2) {
         const uint8_t b = vq[i0 / 2];
         row[i0] = static_cast<float>(b & 0x0f) - 8.0f;
         row[i0 + 1] = static_cast<float>(b >> 4) - 8.0f;
     }
+}
+
+// decode_v_group for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8).
+template <class V>
+inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    if (kv.v5 || kv.v6) {
+        alignas(64) int8_t c[kMaxVGroup];
+        v_code_bytes_at(kv, idx, e0, cnt, c);
+        codes_to_float<V>(c, cnt, v_code_offset(kv), row);
+        return;
+    }
+    decode_v4_at<V>(kv, idx, e0, cnt, row);
 }
 
 // The orthonormal Walsh-Hadamard transform of x[0, D) in blocks of the largest power of
@@ -571,6 +592,27 @@ inline void hadamard_row(float* x, int64_t D) {
         }
     }
     for (int64_t i = 0; i < D; ++i) x[i] = x[i] * s;
+}
+
+// hadamard_row on the W rows held in the lanes of x[d * stride], d < D (the same operations
+// per row, so the same bits).
+template <class V>
+inline void hadamard_lanes(float* x, int64_t stride, int64_t D) {
+    const int64_t b = D & -D;
+    const typename V::T s = V::set1(static_cast<float>(1.0 / std::sqrt(static_cast<double>(b))));
+    for (int64_t o = 0; o < D; o += b) {
+        float* y = x + o * stride;
+        for (int64_t h = 1; h < b; h <<= 1) {
+            for (int64_t i = 0; i < b; i += 2 * h) {
+                for (int64_t j = i; j < i + h; ++j) {
+                    const typename V::T a = V::load(y + j * stride), c = V::load(y + (j + h) * stride);
+                    V::store(y + j * stride, V::add(a, c));
+                    V::store(y + (j + h) * stride, V::sub(a, c));
+                }
+            }
+        }
+    }
+    for (int64_t d = 0; d < D; ++d) V::store(x + d * stride, V::mul(V::load(x + d * stride), s));
 }
 
 // Writes one token (the driver has rotated it already for a rotating layout).
@@ -784,73 +826,393 @@ inline void attn_v_regs(const KvCache& kv, int64_t head, int64_t L, const float*
     for (int i = 0; i < NV; ++i) V::store(out + i * V::W, acc[i]);
 }
 
-// Scores of a tile against W keys at once (W = vector width): K block transposed to
-// kt[d * W + w] (float), then for each query lane partials P_i = sum over d = i (mod 16),
-// in increasing d, of q_d * kt[d] (starting from +0, multiply then add), folded with the
-// same 16->8->4->2->1 tree as dot16: every key's score has exactly dot16's bits.
+// ---- attention over a tile of queries (prefill): the queries in vector lanes ------------
+// Query j of the tile is lane j % W of query vector j / W (AttnScratch's layout; padding
+// lanes hold a zero query and are never written out).  Every position's K row and V row is
+// converted once per tile and serves all of its queries; each lane does exactly the
+// operations of one query in the decode path (the comment above max_of), so the bits do
+// not depend on the tile:
+//   scores: lane partials P_i = sum over d = i (mod 16), in increasing d, of q_d * k_d
+//           (from +0, multiply then add), folded 16->8->4->2->1 (dot16's tree), then
+//           (* k_scale) * scale;
+//   softmax: the max over the lane's positions (exact, order-free), e = exp(s - m) and
+//           Z = the canonical 16-lane sum (position p in lane p % 16);
+//   output: out += (e * v_scale) * code (int5: then out += e * v_min) in position order
+//           from +0, then out * (1 / Z).
+// A lane also runs over positions it does not see (up to the tile's last query), with
+// e = 0 there: a sum that starts at +0 is never -0, and x + (+-0) == x for every other x,
+// so those terms change no bit.
+
+// The lengths of the tile's queries: lane j sees [lo(j), len(j)); padding lanes see the
+// tile's longest range.
+struct TileLanes {
+    const AttnTile& t;
+    int64_t Lmax;
+    int64_t len(int64_t j) const { return j < t.nq ? t.L0 + j / t.per : Lmax; }
+    int64_t lo(int64_t j) const {
+        const int64_t L = len(j);
+        return j < t.nq && t.window > 0 && L > t.window ? L - t.window : 0;
+    }
+};
+
+// The 16->8->4->2->1 fold of 16 vectors of lane partials, lane by lane (constant bounds:
+// with the `h` loop of VS::fold16 the compiler would take P through memory).
 template <class V>
-inline void scores_block(const KvCache& kv, int64_t head, const AttnTile& t, float* sc, int64_t Lmax,
-                         float* kt) {
-    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
-    constexpr int W = V::W;
-    int64_t idx[W];
-    float ks[W];
-    for (int64_t p = 0; p < Lmax; p += W) {
-        const int64_t n = W < Lmax - p ? W : Lmax - p;
-        for (int w = 0; w < W; ++w) {
-            const int64_t pw = p + (w < n ? w : 0);  // pad with a valid key, results unused
-            idx[w] = (static_cast<int64_t>(kv.table[pw / BS]) * BS + pw % BS) * H + head;
-            ks[w] = kv.quantized ? k_scale_at<V>(kv, idx[w]) : 1.0f;
-        }
-        for (int w = 0; w < W; ++w) {
-            if (kv.quantized) {
-                const int8_t* kq = kv.k + idx[w] * D;
-                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = static_cast<float>(kq[d]);
-            } else {
-                const float* kf = kv.kf + idx[w] * D;
-                for (int64_t d = 0; d < D; ++d) kt[d * W + w] = kf[d];
+inline typename V::T fold_tree16(typename V::T* P) {
+    for (int i = 0; i < 8; ++i) P[i] = V::add(P[i], P[i + 8]);
+    for (int i = 0; i < 4; ++i) P[i] = V::add(P[i], P[i + 4]);
+    for (int i = 0; i < 2; ++i) P[i] = V::add(P[i], P[i + 2]);
+    return V::add(P[0], P[1]);
+}
+
+// Scores of every query vector that sees position p against K row kr (float).  TAIL:
+// D % 16 != 0 (a separate instance: the tail's conditions would keep P in memory).
+template <class V, bool TAIL>
+inline void tile_scores_row(const float* qt, int64_t QW, int64_t D, const float* kr, typename V::T post,
+                            bool quantized, typename V::T vscale, int64_t qv0, int64_t nqv, float* srow) {
+    using T = typename V::T;
+    for (int64_t qv = qv0; qv < nqv; ++qv) {
+        const float* q = qt + qv * V::W;
+        T P[16];
+        for (int i = 0; i < 16; ++i) P[i] = V::zero();
+        int64_t d0 = 0;
+        for (; d0 + 16 <= D; d0 += 16) {  // i compile-time: P stays in registers
+            for (int i = 0; i < 16; ++i) {
+                P[i] = V::add(P[i], V::mul(V::load(q + (d0 + i) * QW), V::set1(kr[d0 + i])));
             }
         }
-        const typename V::T vks = V::load(ks), vscale = V::set1(t.scale);
-        for (int64_t tt = first_active(t, p) / t.per, j = tt * t.per; j < t.nq; ++tt) {
-            const float* qt = t.q + tt * t.qstride;
-            for (int64_t r = 0; r < t.per; ++r, ++j) {
-                const float* q = qt + r * D;
-                typename V::T P[16];
-                for (int i = 0; i < 16; ++i) P[i] = V::zero();
-                int64_t d0 = 0;
-                for (; d0 + 16 <= D; d0 += 16) {  // i compile-time: P stays in registers
-                    for (int i = 0; i < 16; ++i) {
-                        P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
-                    }
-                }
-                for (int i = 0; d0 + i < D; ++i) {
-                    P[i] = V::add(P[i], V::mul(V::set1(q[d0 + i]), V::load(kt + (d0 + i) * W)));
-                }
-                for (int h = 8; h >= 1; h >>= 1) {
-                    for (int i = 0; i < h; ++i) P[i] = V::add(P[i], P[i + h]);
-                }
-                const typename V::T s = kv.quantized ? V::mul(V::mul(P[0], vks), vscale) : V::mul(P[0], vscale);
-                if (n == W) {
-                    V::store(sc + j * Lmax + p, s);
+        for (int i = 0; TAIL && i < 16; ++i) {
+            if (d0 + i < D) P[i] = V::add(P[i], V::mul(V::load(q + (d0 + i) * QW), V::set1(kr[d0 + i])));
+        }
+        const T dot = fold_tree16<V>(P);
+        V::store(srow + qv * V::W, quantized ? V::mul(V::mul(dot, post), vscale) : V::mul(dot, vscale));
+    }
+}
+
+// Softmax numerators of query vector qv in place (column of stride QW), its 1 / Z to zinv.
+template <class V>
+inline void tile_softmax(const TileLanes& ln, int64_t qv, float* sc, int64_t QW, float* zinv) {
+    using T = typename V::T;
+    constexpr int W = V::W;
+    const AttnTile& t = ln.t;
+    const int64_t j0 = qv * W, pend = ln.len(j0 + W - 1);
+    float* S = sc + j0;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    int64_t all_lo = 0, all_hi = pend;  // positions every lane of the vector sees
+    for (int64_t w = 0; w < W; ++w) {
+        const int64_t j = j0 + w, L = ln.len(j), lo = ln.lo(j);
+        if (j >= t.nq) continue;
+        if (t.softcap > 0.0f) {
+            for (int64_t p = lo; p < L; ++p) S[p * QW + w] = t.softcap * std::tanh(S[p * QW + w] / t.softcap);
+        }
+        for (int64_t p = 0; p < lo; ++p) S[p * QW + w] = ninf;
+        for (int64_t p = L; p < pend; ++p) S[p * QW + w] = ninf;
+        all_lo = lo > all_lo ? lo : all_lo;
+        all_hi = L < all_hi ? L : all_hi;
+    }
+    T m = V::set1(ninf);
+    for (int64_t p = 0; p < pend; ++p) m = V::max(V::load(S + p * QW), m);
+    T Z[16];
+    for (int i = 0; i < 16; ++i) Z[i] = V::zero();
+    auto numerator = [&](int64_t p) {
+        T e = exp_v<V>(V::sub(V::load(S + p * QW), m));
+        if (p < all_lo || p >= all_hi) {  // some lane does not see p: its e is 0
+            alignas(64) float tmp[W];
+            V::store(tmp, e);
+            for (int64_t w = 0; w < W; ++w) {
+                if (p < ln.lo(j0 + w) || p >= ln.len(j0 + w)) tmp[w] = 0.0f;
+            }
+            e = V::load(tmp);
+        }
+        V::store(S + p * QW, e);
+        return e;
+    };
+    int64_t p = 0;
+    for (; p + 16 <= pend; p += 16) {
+        for (int i = 0; i < 16; ++i) Z[i] = V::add(Z[i], numerator(p + i));
+    }
+    for (int i = 0; i < 16; ++i) {
+        if (p + i < pend) Z[i] = V::add(Z[i], numerator(p + i));
+    }
+    V::store(zinv + j0, V::div(V::set1(1.0f), fold_tree16<V>(Z)));
+}
+
+// Output sums of elements [c0, c0 + E) of query vector qv (acc [d][lane]) over positions
+// [p0, p1) whose V rows are rows[p - p0] with scale vs[(p - p0) * G + g] (and min vm).
+template <class V, int E>
+inline void tile_v_chunk(const KvCache& kv, const float* const* rows, const float* vs, const float* vm,
+                         int64_t G, const float* sc, int64_t QW, int64_t qv, int64_t p0, int64_t p1,
+                         int64_t c0, float* acc) {
+    using T = typename V::T;
+    constexpr int W = V::W;
+    const int64_t g = kv.quantized ? c0 / kv.v_group : 0;
+    T a[E];
+    for (int i = 0; i < E; ++i) a[i] = V::load(acc + (c0 + i) * QW + qv * W);
+    for (int64_t p = p0; p < p1; ++p) {
+        const T e = V::load(sc + p * QW + qv * W);
+        const float* vr = rows[p - p0] + c0;
+        const T w = kv.quantized ? V::mul(e, V::set1(vs[(p - p0) * G + g])) : e;
+        for (int i = 0; i < E; ++i) a[i] = V::add(a[i], V::mul(w, V::set1(vr[i])));
+        if (kv.v5) {
+            const T wm = V::mul(e, V::set1(vm[(p - p0) * G + g]));
+            for (int i = 0; i < E; ++i) a[i] = V::add(a[i], wm);
+        }
+    }
+    for (int i = 0; i < E; ++i) V::store(acc + (c0 + i) * QW + qv * W, a[i]);
+}
+
+template <class V>
+void attn_tile(const KvCache& kv, int64_t head, const AttnTile& t, float* scratch) {
+    using T = typename V::T;
+    constexpr int W = V::W;
+    const int64_t D = kv.head_dim, Lmax = t.L0 + (t.nq - 1) / t.per;
+    const AttnScratch lay(t.nq, Lmax, D);
+    const int64_t QW = lay.lanes, nqv = (t.nq + W - 1) / W, used = nqv * W;
+    float* qt = scratch + lay.qt;
+    float* sc = scratch + lay.sc;
+    float* acc = scratch + lay.acc;
+    float* zinv = scratch + lay.zinv;
+    const TileLanes ln{t, Lmax};
+    for (int64_t j = 0; j < used; ++j) {
+        const float* q = j < t.nq ? tile_q(t, j, D) : nullptr;
+        for (int64_t d = 0; d < D; ++d) qt[d * QW + j] = q != nullptr ? q[d] : 0.0f;
+    }
+    if (kv.rotate) {  // q . k in the stored basis
+        for (int64_t qv = 0; qv < nqv; ++qv) hadamard_lanes<V>(qt + qv * W, QW, D);
+    }
+    // scores, one position (K row converted once) against every query vector that sees it
+    float* krow = scratch + lay.krow;
+    const T vscale = V::set1(t.scale);
+    for (int64_t p = 0; p < Lmax; ++p) {
+        const int64_t idx = kv.index(p, head);
+        const float* kr = kv.kf + idx * D;
+        float ks = 1.0f;
+        if (kv.quantized) {
+            const int8_t* kq = kv.k + idx * D;
+            int64_t i = 0;
+            for (; i + W <= D; i += W) V::store(krow + i, V::load_i8(kq + i));
+            for (; i < D; ++i) krow[i] = static_cast<float>(kq[i]);
+            kr = krow;
+            ks = k_scale_at<V>(kv, idx);
+        }
+        const int64_t qv0 = first_active(t, p) / W;
+        if (D % 16 == 0) {
+            tile_scores_row<V, false>(qt, QW, D, kr, V::set1(ks), kv.quantized, vscale, qv0, nqv, sc + p * QW);
+        } else {
+            tile_scores_row<V, true>(qt, QW, D, kr, V::set1(ks), kv.quantized, vscale, qv0, nqv, sc + p * QW);
+        }
+    }
+    for (int64_t qv = 0; qv < nqv; ++qv) tile_softmax<V>(ln, qv, sc, QW, zinv);
+    // output sums: kVRows V rows converted at a time, then every query vector over them
+    for (int64_t i = 0; i < D * QW; ++i) acc[i] = 0.0f;
+    const int64_t n = kv.v_group, G = kv.quantized ? D / n : 1;
+    float* vrows = scratch + lay.vrows;
+    float* vs = scratch + lay.vscale;
+    float* vm = scratch + lay.vmin;
+    const float* rows[AttnScratch::kVRows];
+    const bool e16 = W != 8 && (kv.quantized ? n % 16 == 0 : D % 16 == 0);  // AVX2: 16 registers
+    for (int64_t p0 = 0; p0 < Lmax; p0 += AttnScratch::kVRows) {
+        const int64_t m = AttnScratch::kVRows < Lmax - p0 ? AttnScratch::kVRows : Lmax - p0;
+        for (int64_t r = 0; r < m; ++r) {
+            const int64_t idx = kv.index(p0 + r, head);
+            if (!kv.quantized) {
+                rows[r] = kv.vf + idx * D;
+                continue;
+            }
+            float* row = vrows + r * D;
+            for (int64_t g = 0; g < G; ++g) {
+                decode_v_group<V>(kv, idx, g, row + g * n);
+                vs[r * G + g] = v_scale_at<V>(kv, idx * G + g);
+                if (kv.v5) vm[r * G + g] = V::h2f(kv.v_min[idx * G + g]);
+            }
+            rows[r] = row;
+        }
+        for (int64_t qv = first_active(t, p0) / W; qv < nqv; ++qv) {
+            const int64_t pend = ln.len(qv * W + W - 1), p1 = p0 + m < pend ? p0 + m : pend;
+            int64_t c0 = 0;
+            if (e16) {
+                for (; c0 + 16 <= D; c0 += 16) tile_v_chunk<V, 16>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+            }
+            for (; c0 + 8 <= D; c0 += 8) tile_v_chunk<V, 8>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+            for (; c0 < D; ++c0) tile_v_chunk<V, 1>(kv, rows, vs, vm, G, sc, QW, qv, p0, p1, c0, acc);
+        }
+    }
+    for (int64_t qv = 0; qv < nqv; ++qv) {
+        const T zi = V::load(zinv + qv * W);
+        for (int64_t d = 0; d < D; ++d) V::store(acc + d * QW + qv * W, V::mul(V::load(acc + d * QW + qv * W), zi));
+        if (kv.rotate) hadamard_lanes<V>(acc + qv * W, QW, D);  // back from the stored basis
+    }
+    for (int64_t j = 0; j < t.nq; ++j) {
+        float* o = tile_out(t, j, D);
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[d * QW + j];
+    }
+}
+
+// Softmax numerators of one query's scores sj[0, L) in place (soft-capped first; keys
+// outside a sliding window get 0).
+template <class V>
+inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
+    const int64_t lo = t.window > 0 && L > t.window ? L - t.window : 0;
+    if (t.softcap > 0.0f) {
+        for (int64_t p = lo; p < L; ++p) sj[p] = t.softcap * std::tanh(sj[p] / t.softcap);
+    }
+    for (int64_t p = 0; p < lo; ++p) sj[p] = 0.0f;
+    const float m = max_of<V>(sj + lo, L - lo);
+    const typename V::T vm = V::set1(m);
+    int64_t p = lo;
+    for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
+    for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
+}
+
+// ---- decode: the query heads of one token that share a kv head --------------------------
+// t.nq == t.per heads over positions [0, t.L0), output elements [t.e0, t.e1) only: each K
+// row is converted once for all the heads and each V row once for all of them, and a kv
+// head's work splits over its output elements (every part computes the scores and the
+// softmax whole).  Per head these are the operations of the one-query path (attn_heads),
+// so the same bits.
+// attn_group's output sums for R heads and E elements from e0 (inside one V group) with
+// the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
+// assembled first (as attn_v_regs): the same operations as its memory loop.
+template <class V, int R, int E>
+inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
+    using T = typename V::T;
+    constexpr int NV = E / V::W;
+    const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n, g = e0 / n;
+    const bool coded = kv.v5 || kv.v6;
+    const T off = V::set1(v_code_offset(kv));
+    T acc[R][NV];
+    for (int r = 0; r < R; ++r) {
+        for (int w = 0; w < NV; ++w) acc[r][w] = V::zero();
+    }
+    alignas(64) int8_t codes[kAttnCodeRows * E];
+    alignas(64) float row[E];
+    for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
+        const int64_t m0 = BS < L - p0 ? BS : L - p0;
+        const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
+            const int64_t m = kAttnCodeRows < m0 - s0 ? kAttnCodeRows : m0 - s0;
+            if (coded) {
+                for (int64_t s = 0; s < m; ++s) v_code_bytes_at(kv, base + (s0 + s) * H, e0, E, codes + s * E);
+            }
+            for (int64_t s = s0; s < s0 + m; ++s) {
+                const int64_t idx = base + s * H, p = p0 + s;
+                T x[NV];
+                if (coded) {
+                    for (int w = 0; w < NV; ++w) x[w] = V::sub(V::load_i8(codes + (s - s0) * E + w * V::W), off);
                 } else {
-                    float tmp[W];
-                    V::store(tmp, s);
-                    for (int64_t w = 0; w < n; ++w) sc[j * Lmax + p + w] = tmp[w];
+                    decode_v4_at<V>(kv, idx, e0, E, row);
+                    for (int w = 0; w < NV; ++w) x[w] = V::load(row + w * V::W);
+                }
+                const float d = v_scale_at<V>(kv, idx * G + g);
+                const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
+                for (int r = 0; r < R; ++r) {
+                    const float e = S[r * L + p];
+                    const T va = V::set1(e * d);
+                    for (int w = 0; w < NV; ++w) acc[r][w] = V::add(acc[r][w], V::mul(va, x[w]));
+                    if (kv.v5) {
+                        const T vm = V::set1(e * mn);
+                        for (int w = 0; w < NV; ++w) acc[r][w] = V::add(acc[r][w], vm);
+                    }
                 }
             }
         }
     }
+    for (int r = 0; r < R; ++r) {
+        for (int w = 0; w < NV; ++w) V::store(out + r * D + e0 + w * V::W, acc[r][w]);
+    }
+}
+
+template <class V, int E>
+inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, const float* S) {
+    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0) return false;
+    switch (t.nq) {
+        case 2: group_v_regs<V, 2, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        case 3: group_v_regs<V, 3, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        case 4: group_v_regs<V, 4, E>(kv, head, t.L0, S, t.e0, t.out); return true;
+        default: return false;
+    }
 }
 
 template <class V>
-void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+    const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
+    const AttnScratch lay(1, L, D);
+    float* krow = sc + lay.krow;
+    float* row = sc + lay.vrows;
+    float* S = sc + lay.sc;
+    for (int64_t p = 0, idx = 0; p < L; ++p) {
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+        const float* kr = kv.kf + idx * D;
+        if (kv.quantized) {
+            const int8_t* kq = kv.k + idx * D;
+            int64_t i = 0;
+            for (; i + V::W <= D; i += V::W) V::store(krow + i, V::load_i8(kq + i));
+            for (; i < D; ++i) krow[i] = static_cast<float>(kq[i]);
+            kr = krow;
+        }
+        const float ks = kv.quantized ? k_scale_at<V>(kv, idx) : 1.0f;
+        for (int64_t r = 0; r < R; ++r) {
+            const float dot = dot16<V>(t.q + r * D, kr, D, [](const float* x) { return V::load(x); });
+            S[r * L + p] = kv.quantized ? (dot * ks) * t.scale : dot * t.scale;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        softmax_numerators<V>(S + r * L, L, t);
+        for (int64_t i = t.e0; i < t.e1; ++i) t.out[r * D + i] = 0.0f;
+    }
+    const bool fast = group_v_fast<V, 32>(kv, head, t, S) || group_v_fast<V, 64>(kv, head, t, S);
+    for (int64_t p = 0, idx = 0; p < L && !fast; ++p) {
+        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+        for (int64_t a = t.e0; a < t.e1;) {  // the parts of [e0, e1) in one V group each
+            const int64_t g = kv.quantized ? a / n : 0;
+            const int64_t b = kv.quantized && (g + 1) * n < t.e1 ? (g + 1) * n : t.e1;
+            const float* vr = kv.vf + idx * D + a;
+            float d = 1.0f, mn = 0.0f;
+            if (kv.quantized) {
+                decode_v_at<V>(kv, idx, a, b - a, row);
+                vr = row;
+                d = v_scale_at<V>(kv, idx * G + g);
+                if (kv.v5) mn = V::h2f(kv.v_min[idx * G + g]);
+            }
+            for (int64_t r = 0; r < R; ++r) {
+                const float e = S[r * L + p];
+                axpy_row<V>(t.out + r * D + a, kv.quantized ? e * d : e, vr, b - a);
+                if (kv.v5) add_const<V>(t.out + r * D + a, e * mn, b - a);
+            }
+            a = b;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        const float inv = 1.0f / sum16<V>(S + r * L, L);
+        const typename V::T vi = V::set1(inv);
+        float* o = t.out + r * D;
+        int64_t i = t.e0;
+        for (; i + V::W <= t.e1; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
+        for (; i < t.e1; ++i) o[i] = o[i] * inv;
+    }
+}
+
+template <class V>
+void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc) {
+    if (tile.e1 > 0) return attn_group<V>(kv, head, tile, sc);
+    if (tile.nq > 1 && V::W > 1) return attn_tile<V>(kv, head, tile, sc);
+    // One query, or the scalar reference's tiles (one lane: cheaper query by query, within
+    // the tile's scratch: scores [nq, Lmax], a row, the rotated queries).
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size;
+    AttnTile t = tile;
     const int64_t Lmax = t.L0 + (t.nq - 1) / t.per;
-    float* row = sc + t.nq * Lmax;  // one K or V row as float (or a W x D transposed block)
-    if (V::W >= 8 && t.nq >= 4) {
-        scores_block<V>(kv, head, t, sc, Lmax, row);
-    } else {
+    const AttnScratch lay(1, Lmax, D);
+    float* row = t.nq == 1 ? sc + lay.krow : sc + t.nq * Lmax;  // one K or V row as float
+    if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
+        float* qr = t.nq == 1 ? sc + lay.qt : row + D;
+        for (int64_t j = 0; j < t.nq; ++j) {
+            std::memcpy(qr + j * D, tile_q(tile, j, D), static_cast<size_t>(D) * sizeof(float));
+            hadamard_row(qr + j * D, D);
+        }
+        t.q = qr;
+        t.qstride = t.per * D;
+    }
+    {
     // scores, one key at a time
     for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
         const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
@@ -886,18 +1248,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     }
     // softmax numerators (soft-capped scores first; keys outside a sliding window get 0)
     for (int64_t j = 0; j < t.nq; ++j) {
-        float* sj = sc + j * Lmax;
-        const int64_t L = t.L0 + j / t.per;
-        const int64_t lo = t.window > 0 && L > t.window ? L - t.window : 0;
-        if (t.softcap > 0.0f) {
-            for (int64_t p = lo; p < L; ++p) sj[p] = t.softcap * std::tanh(sj[p] / t.softcap);
-        }
-        for (int64_t p = 0; p < lo; ++p) sj[p] = 0.0f;
-        const float m = max_of<V>(sj + lo, L - lo);
-        const typename V::T vm = V::set1(m);
-        int64_t p = lo;
-        for (; p + V::W <= L; p += V::W) V::store(sj + p, exp_v<V>(V::sub(V::load(sj + p), vm)));
-        for (; p < L; ++p) sj[p] = exp_v<VS>(sj[p] - m);
+        softmax_numerators<V>(sc + j * Lmax, t.L0 + j / t.per, t);
         float* o = tile_out(t, j, D);
         for (int64_t i = 0; i < D; ++i) o[i] = 0.0f;
     }
@@ -921,6 +1272,7 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         int64_t i = 0;
         for (; i + V::W <= D; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
         for (; i < D; ++i) o[i] = o[i] * inv;
+        if (kv.rotate) hadamard_row(o, D);
     }
 }
 

@@ -93,8 +93,8 @@ struct ActF32 {
 //   float:     kf, vf f32 [NB, BS, H, D]
 // V groups: v_group elements along D (a multiple of 8 dividing D; D/32 above is D/v_group).
 // rotate (layout "int8"): K and V are stored Walsh-Hadamard rotated (hadamard_rows); the
-// drivers rotate them on write, q before attention and its output after (ops.cpp), so the
-// kernels themselves never see the flag.
+// driver rotates them on write (ops.cpp: kv_write never sees the flag) and q / the output
+// of a decode step; attn_heads rotates those of a tile (in its vector lanes).
 struct KvCache {
     int64_t n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
     int64_t v_group = 32;
@@ -152,8 +152,44 @@ struct AttnTile {
     float scale = 0.0f;
     int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
     float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
+    // e1 > 0: the nq (== per) heads of one token, rows of D at q and out, and only output
+    // elements [e0, e1) (multiples of 8) are written: one part of a decode step.
+    int64_t e0 = 0, e1 = 0;
 };
-// scratch holds nq * (L0 + (nq - 1) / per) + 16 * head_dim floats.
+// The scratch of attn_heads (floats, offsets 64-byte aligned from a 64-byte aligned base)
+// for nq queries over at most Lmax positions.  One query (decode): its scores and a K / V
+// row.  A tile: the queries sit in vector lanes (query j in lane j % W of query vector
+// j / W, lanes padded to kLanes): transposed queries, scores and output sums
+// [d or position][lane], plus kVRows V rows converted to float with their scales.
+struct AttnScratch {
+    static constexpr int64_t kLanes = 16;  // a multiple of every ISA's vector width
+    static constexpr int64_t kVRows = 32;
+    static constexpr int64_t kMaxHeads = 16;  // query heads per kv head in one decode task
+    int64_t lanes = 0, qt = 0, sc = 0, acc = 0, zinv = 0, krow = 0, vrows = 0, vscale = 0, vmin = 0;
+    int64_t total = 0;
+    AttnScratch(int64_t nq, int64_t Lmax, int64_t D) {
+        if (nq == 1) {  // one token: the scores of up to kMaxHeads heads, a K and a V row,
+            krow = Lmax * kMaxHeads;  // the rotated q
+            vrows = krow + D;
+            qt = krow + 8 * D;
+            total = krow + 16 * D;
+            return;
+        }
+        lanes = (nq + kLanes - 1) / kLanes * kLanes;
+        const int64_t G = D;  // at most D V groups per row
+        int64_t at = 0;
+        auto take = [&at](int64_t n) { const int64_t o = at; at += (n + 15) / 16 * 16; return o; };
+        qt = take(D * lanes);
+        sc = take(Lmax * lanes);
+        acc = take(D * lanes);
+        zinv = take(lanes);
+        krow = take(D);
+        vrows = take(kVRows * D);
+        vscale = take(kVRows * G);
+        vmin = take(kVRows * G);
+        total = at;
+    }
+};
 using AttnHeadsFn = void (*)(const KvCache& kv, int64_t head, const AttnTile& tile, float* scratch);
 
 // int8-activation GEMM.  prep_bytes == 0 means the kernel reads ActQ8.q/s directly.

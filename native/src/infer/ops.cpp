@@ -277,13 +277,14 @@ void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy) 
 // [T, H, D] rows (token stride ts) rotated into `into` (nullptr: scratch of the given slot).
 static const float* rotated(int slot, float* into, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
     auto* r = into != nullptr ? into : reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
-    for (int64_t t = 0; t < T; ++t) {
+    rows_parallel(T, 8 * H * D, [&](int64_t t) {
         for (int64_t h = 0; h < H; ++h) {
             float* row = r + (t * H + h) * D;
             std::memcpy(row, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
             hadamard_row(row, D);
         }
-    }
+        return Result{};
+    });
     return r;
 }
 
@@ -337,42 +338,57 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
 }
 
 void attend(const KvCache& kv_in, const AttnArgs& a_in) {
+    const InferTable& tb = active();
     KvCache kv = kv_in;
     AttnArgs a = a_in;
-    if (kv.rotate) {  // q . k and sum p v in the stored basis: rotate q now, the output after
-        kv.rotate = false;
-        a.q = rotated(5, a.rot_q, a.q, a.qts, a.T, a.n_heads, kv.head_dim);
-        a.qts = a.n_heads * kv.head_dim;
-        attend(kv, a);
-        for (int64_t i = 0; i < a.T * a.n_heads; ++i) hadamard_row(a.out + i * kv.head_dim, kv.head_dim);
-        return;
-    }
-    const InferTable& tb = active();
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
-    // Decode: one task per query head (balances 2 threads over few heads).  Prefill: one
-    // task per (kv head, tile of kTile tokens) with all of its query heads, so each K/V
-    // row is converted once per tile.  Every query's arithmetic is the same either way.
-    constexpr int64_t kTile = 8;
     const bool decode = a.T == 1;
-    const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
-    const int64_t tasks = decode ? Hq : Hkv * tiles;
+    // Decode: one task per kv head (per half of its output elements with 2+ threads) with
+    // all of its query heads, so each K / V row is converted once for them (one task per
+    // query head without GQA).  Prefill: one task per (kv head, tile of kTile tokens) with
+    // all of its query heads (kTile * rep queries fill 16 vector lanes), so each K / V row
+    // is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
-    const int64_t chunks = (work < kParallelMin || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
+    const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
+    // (the parts repeat the scores, so only where threads share them; the bits do not
+    // depend on their number)
+    const bool split = work >= kParallelMin && pool().threads() > 1;
+    const int64_t parts = group && split && D % 16 == 0 ? 2 : 1;
+    if (decode && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
+        kv.rotate = false;
+        a.q = rotated(5, a.rot_q, a.q, a.qts, 1, Hq, D);
+        a.qts = Hq * D;
+    }
+    constexpr int64_t kTile = 32;
+    const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
+    const int64_t tasks = group ? Hkv * parts : decode ? Hq : Hkv * tiles;
+    const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
-    const int64_t per_chunk = (decode ? 1 : rep * kTile) * Lmax + 16 * D + 16;
-    auto* sc = reinterpret_cast<float*>(scratch(3, chunks * per_chunk * static_cast<int64_t>(sizeof(float))));
-    pool().parallel_chunks(tasks, chunks, [&](int64_t c, int64_t i0, int64_t i1) {
+    const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(kTile, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
+    pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
+        auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
         for (int64_t i = i0; i < i1; ++i) {
             AttnTile t;
             t.scale = a.scale;
             t.window = a.window;
             t.softcap = a.softcap;
+            if (group) {
+                const int64_t g = i / parts, part = i % parts;
+                t.q = a.q + g * rep * D;
+                t.out = a.out + g * rep * D;
+                t.nq = t.per = rep;
+                t.L0 = a.start + 1;
+                t.e0 = part * (D / parts);
+                t.e1 = t.e0 + D / parts;
+                tb.attn_heads(kv, g, t, sc);
+                continue;
+            }
             if (decode) {
                 t.q = a.q + i * D;
                 t.out = a.out + i * D;
                 t.nq = 1;
                 t.L0 = a.start + 1;
-                tb.attn_heads(kv, i / rep, t, sc + c * per_chunk);
+                tb.attn_heads(kv, i / rep, t, sc);
                 continue;
             }
             // Tiles run from the last (longest) to the first so the heaviest go out first.
@@ -385,9 +401,12 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
             t.nq = nt * rep;
             t.per = rep;
             t.L0 = a.start + t0 + 1;
-            tb.attn_heads(kv, g, t, sc + c * per_chunk);
+            tb.attn_heads(kv, g, t, sc);
         }
     });
+    if (kv_in.rotate && decode) {
+        for (int64_t h = 0; h < Hq; ++h) hadamard_row(a.out + h * D, D);
+    }
 }
 
 Result attention(const KvCache& kv, const AttnArgs& a) {

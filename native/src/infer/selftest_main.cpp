@@ -120,7 +120,7 @@ void check_attention(const InferTable& ref, const InferTable& tbl) {
     }
     if (!same(k1, k2) || !same(ks1, ks2) || !same(v1, v2) || !same(vs1, vs2)) fail(std::string(tbl.name) + " kv_write");
     const std::vector<float> q = randn(static_cast<size_t>(6 * D));
-    std::vector<float> o1(static_cast<size_t>(6 * D)), o2(static_cast<size_t>(6 * D)), sc(static_cast<size_t>(6 * L + 16 * D));
+    std::vector<float> o1(static_cast<size_t>(6 * D)), o2(static_cast<size_t>(6 * D)), sc(static_cast<size_t>(AttnScratch(6, L, D).total));
     auto tile = [&](int64_t nq) {  // nq queries (3 per kv head beyond one) over L - 1 positions
         AttnTile t;
         t.q = q.data();
