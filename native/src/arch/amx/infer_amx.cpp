@@ -22,11 +22,15 @@ namespace edgepack {
 namespace infer {
 namespace {
 
-// Smallest token count that takes the tiles (below it the VNNI kernels are faster: the
-// panel repack is a fixed cost per call), measured on SmolLM2's shapes (K = 576, 1536;
-// int8 and int4-g32: at T = 4 1.0-1.4x the VNNI kernels, at T = 2 0.5-0.75x) on a 2-core
-// Sapphire Rapids-class Xeon.  At most 16: the tests take every T >= 16 as a tile GEMM.
-constexpr int64_t kMinTokens = 4;
+// Smallest token count that takes the tiles: below it the VNNI kernels are faster, since
+// every call repacks each weight panel (a fixed cost per call that only many token tiles
+// pay back).  Measured in the whole SmolLM2 forward (/tmp/costT.py: one pass of T tokens
+// after 200, 2 threads, amx vs avx512 side by side, 19:52 today): int4-g32 T = 4 12.1 vs
+// 7.7 ms, T = 8 14.8 vs 12.7, T = 12 18.2 vs 17.4, T = 16 19.4 vs 21.2; the int8 package
+// crosses between 12 and 16 too.  (Microbenchmarks of one small matrix put the crossover
+// at T = 4; a whole forward streams every panel from memory once per call.)  At most 16:
+// the tests take every T >= 16 as a tile GEMM.
+constexpr int64_t kMinTokens = 16;
 static_assert(kMinTokens <= 16, "tests/native/test_native_amx.py takes T >= 16 as tiles");
 // The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
 constexpr int64_t kMaxK = 4096;
