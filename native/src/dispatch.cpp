@@ -61,7 +61,7 @@ CpuFeatures probe() {
         f.amx_int8 = d & (1u << 25);
     }
     // XTILECFG and XTILEDATA state enabled by the OS, then the per-process permission.
-    f.os_amx = f.amx_tile && (xcr0 & 0x60000u) == 0x60000u && request_tile_data();
+    f.os_amx = f.amx_tile && f.amx_int8 && (xcr0 & 0x60000u) == 0x60000u && request_tile_data();
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory on AArch64
 #endif
@@ -72,14 +72,10 @@ bool usable(const KernelTable& t) {
     const CpuFeatures& f = cpu_features();
     const std::string_view name = t.name;
     if (name == "avx2") return f.os_ymm && f.avx && f.avx2 && f.fma && f.f16c && f.sse4_1;
-    if (name == "avx512") {
-        return f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
-               f.avx512vl && f.avx512vnni;
-    }
-    if (name == "amx") {
-        return f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
-               f.avx512vl && f.avx512vnni && f.amx_tile && f.amx_int8 && f.os_amx;
-    }
+    const bool avx512 = f.os_ymm && f.os_zmm && f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw &&
+                        f.avx512vl && f.avx512vnni;
+    if (name == "avx512") return avx512;
+    if (name == "amx") return avx512 && f.os_amx;  // (os_amx: AMX-TILE, AMX-INT8, OS and permission)
     if (name == "neon") return f.neon;
     return true;
 }

@@ -1,7 +1,7 @@
 // AMX (AMX-TILE + AMX-INT8) int8-activation GEMM, bit-identical to ref::q8_gemm.
 //
 // Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
-// tiles do not cover and for token counts where the VNNI kernels are faster (T < 4).
+// tiles do not cover and for token counts where the VNNI kernels are faster (T < kMinTokens).
 //
 // Tiles: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
 // K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
@@ -24,12 +24,11 @@ namespace {
 
 // Smallest token count that takes the tiles: below it the VNNI kernels are faster, since
 // every call repacks each weight panel (a fixed cost per call that only many token tiles
-// pay back).  Measured in the whole SmolLM2 forward (/tmp/costT.py: one pass of T tokens
-// after 200, 2 threads, amx vs avx512 side by side, 19:52 today): int4-g32 T = 4 12.1 vs
-// 7.7 ms, T = 8 14.8 vs 12.7, T = 12 18.2 vs 17.4, T = 16 19.4 vs 21.2; the int8 package
-// crosses between 12 and 16 too.  (Microbenchmarks of one small matrix put the crossover
-// at T = 4; a whole forward streams every panel from memory once per call.)  At most 16:
-// the tests take every T >= 16 as a tile GEMM.
+// pay back).  Measured on 2026-12-01 in the whole SmolLM2 forward (one pass of T tokens
+// after 200, 2 threads, amx vs avx512 in turn): int4-g32 T = 4 12.1 vs 7.7 ms, T = 8 14.8
+// vs 12.7, T = 12 18.2 vs 17.4, T = 16 19.4 vs 21.2; the int8 package crosses between 12
+// and 16 too (one small matrix alone, in bench/kernels.py, crossed at T = 4).
+// At most 16: the tests take every T >= 16 as a tile GEMM.
 constexpr int64_t kMinTokens = 16;
 static_assert(kMinTokens <= 16, "tests/native/test_native_amx.py takes T >= 16 as tiles");
 // The panel buffer lives on the stack: K * 16 bytes (64 KiB at the limit).
