@@ -1212,7 +1212,6 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
         t.q = qr;
         t.qstride = t.per * D;
     }
-    {
     // scores, one key at a time
     for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
         const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
@@ -1244,7 +1243,6 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
                 }
             }
         }
-    }
     }
     // softmax numerators (soft-capped scores first; keys outside a sliding window get 0)
     for (int64_t j = 0; j < t.nq; ++j) {
