@@ -496,16 +496,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the V code tables assu
 
 constexpr int64_t kMaxVGroup = 1024;  // the binding refuses larger V groups
 
-// The int5 / int6 codes (0..31 / 0..63) of group gi of the V row at cache index idx, as
-// n bytes (scalar table work; callers convert them with V::load_i8 well after the stores,
-// so the vector load never waits on a partial store forward).
-inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c);
-inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
-    v_code_bytes_at(kv, idx, gi * kv.v_group, kv.v_group, c);
-}
-
-// The same for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8): the planes run
-// along the whole row, whatever the V group.
+// The int5 / int6 codes (0..31 / 0..63) of elements [e0, e0 + cnt) of the V row at cache
+// index idx (e0, cnt multiples of 8: the planes run along the whole row, whatever the V
+// group), as cnt bytes (scalar table work; callers convert them with V::load_i8 well after
+// the stores, so the vector load never waits on a partial store forward).
 inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, int8_t* c) {
     const int64_t D = kv.head_dim;
     const uint8_t* nb = kv.v + idx * (D / 2) + e0 / 2;
@@ -528,6 +522,11 @@ inline void v_code_bytes_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t 
     }
 }
 
+// The same for group gi of the row (n = v_group bytes).
+inline void v_code_bytes(const KvCache& kv, int64_t idx, int64_t gi, int8_t* c) {
+    v_code_bytes_at(kv, idx, gi * kv.v_group, kv.v_group, c);
+}
+
 // n code bytes as floats minus off (0 for int5, 32 for int6).
 template <class V>
 inline void codes_to_float(const int8_t* c, int64_t n, float off, float* row) {
@@ -538,15 +537,6 @@ inline void codes_to_float(const int8_t* c, int64_t n, float off, float* row) {
 }
 
 inline float v_code_offset(const KvCache& kv) { return kv.v6 ? 32.0f : 0.0f; }
-
-// Group gi of the V row at cache index idx as floats: nib - 8 (int4), the int5 code c, or
-// c - 32 (int6).
-template <class V>
-inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row);
-template <class V>
-inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
-    decode_v_at<V>(kv, idx, gi * kv.v_group, kv.v_group, row);
-}
 
 // The int4 values nib - 8 of elements [e0, e0 + cnt) of the row (e0, cnt even).
 template <class V>
@@ -561,7 +551,8 @@ inline void decode_v4_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt
     }
 }
 
-// decode_v_group for elements [e0, e0 + cnt) of the row (e0, cnt multiples of 8).
+// Elements [e0, e0 + cnt) of the V row at cache index idx as floats (e0, cnt multiples of
+// 8): nib - 8 (int4), the int5 code c, or c - 32 (int6).
 template <class V>
 inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
     if (kv.v5 || kv.v6) {
@@ -571,6 +562,12 @@ inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt,
         return;
     }
     decode_v4_at<V>(kv, idx, e0, cnt, row);
+}
+
+// Group gi of the row.
+template <class V>
+inline void decode_v_group(const KvCache& kv, int64_t idx, int64_t gi, float* row) {
+    decode_v_at<V>(kv, idx, gi * kv.v_group, kv.v_group, row);
 }
 
 // The orthonormal Walsh-Hadamard transform of x[0, D) in blocks of the largest power of
@@ -1212,7 +1209,6 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
         t.q = qr;
         t.qstride = t.per * D;
     }
-    {
     // scores, one key at a time
     for (int64_t p0 = 0, b = 0; p0 < Lmax; p0 += BS, ++b) {
         const int64_t n = BS < Lmax - p0 ? BS : Lmax - p0;
@@ -1244,7 +1240,6 @@ void attn_heads(const KvCache& kv, int64_t head, const AttnTile& tile, float* sc
                 }
             }
         }
-    }
     }
     // softmax numerators (soft-capped scores first; keys outside a sliding window get 0)
     for (int64_t j = 0; j < t.nq; ++j) {

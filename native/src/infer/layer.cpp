@@ -215,7 +215,7 @@ struct Runner {
     // products as one pool job (matmul_q8_one_token: each output's bits, one barrier);
     // anything else (several tokens, float or low-rank weights, adapters) one by one.
     void apply_all(const Lin* const* ls, const Act* ins, float* const* ys, int n) {
-        bool one_job = a.T == 1 && n <= 4;
+        bool one_job = a.T == 1 && n <= kOneTokenMaxWeights;
         for (int i = 0; i < n && one_job; ++i) {
             const Lin& l = *ls[i];
             one_job = l.u == nullptr && l.rank == 0 && l.quantized && ins[i].q != nullptr && ins[i].q == ins[0].q &&
@@ -225,8 +225,8 @@ struct Runner {
             for (int i = 0; i < n; ++i) apply(*ls[i], ins[i], ys[i], nullptr);
             return;
         }
-        const WeightView* ws[4];
-        GemmOut outs[4];
+        const WeightView* ws[kOneTokenMaxWeights];
+        GemmOut outs[kOneTokenMaxWeights];
         for (int i = 0; i < n; ++i) {
             ws[i] = ls[i]->w;
             outs[i].y = ys[i];

@@ -191,7 +191,7 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
 }
 
 void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
-    constexpr int kMax = 4;
+    constexpr int kMax = kOneTokenMaxWeights;
     if (n < 1 || n > kMax || xin.T != 1) throw std::logic_error("matmul_q8_one_token: 1..4 weights, one token");
     const InferTable& tb = active();
     struct Task {

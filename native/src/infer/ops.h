@@ -40,6 +40,7 @@ void matmul_q8(const WeightView& w, const ActQ8& x, const GemmOut& out);
 // matmul_q8 of n weights on the same one-token activations, as one pool job: the tasks are
 // each weight's own chunks (so every output has matmul_q8's bits), one barrier for all,
 // and weights too small to split run on another thread than the caller's.
+constexpr int kOneTokenMaxWeights = 4;  // n of matmul_q8_one_token: 1..4
 void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& x);
 void matmul_f32(const WeightView& w, const ActF32& x, const GemmOut& out);
 // y = U (V x): V [r, K], U [N, r]; the [T, r] intermediate stays internal.
