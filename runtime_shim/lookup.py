@@ -226,10 +226,7 @@ def pass_costs(model: Model) -> PassCosts:
 def acceptance_counts(model: Model) -> dict[int, tuple[float, float]]:
     """The draft acceptance measured on ``model`` so far (:class:`LookupPolicy`'s
     ``counts``), shared by its sessions and calls."""
-    counts = _ACCEPTANCE.get(model)
-    if counts is None:
-        counts = _ACCEPTANCE[model] = {}
-    return counts
+    return _ACCEPTANCE.setdefault(model, {})
 
 
 @dataclass
@@ -259,12 +256,11 @@ class LookupPolicy:
         if self.max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         # match length (0: all) -> decayed accepted, trials
-        self._counts = self.counts
-        self._counts.setdefault(0, (self.prior_accepted, self.prior_trials))
+        self.counts.setdefault(0, (self.prior_accepted, self.prior_trials))
 
     def acceptance(self, matched: int = 0) -> float:
         """Estimated chance that a draft token is right, after a ``matched``-token match."""
-        accepted, trials = self._counts.get(matched, self._counts[0])
+        accepted, trials = self.counts.get(matched, self.counts[0])
         return accepted / trials if trials > 0 else 0.0
 
     def record_acceptance(self, drafted: int, accepted: int, matched: int = 0) -> None:
@@ -275,9 +271,9 @@ class LookupPolicy:
         trials = accepted + (1 if accepted < drafted else 0)
         fade = self.decay**trials
         prior = (self.prior_accepted, self.prior_trials)
-        old = {key: self._counts.get(key, prior) for key in (0, matched)}
+        old = {key: self.counts.get(key, prior) for key in (0, matched)}
         for key, (acc0, trials0) in old.items():
-            self._counts[key] = (acc0 * fade + accepted, trials0 * fade + trials)
+            self.counts[key] = (acc0 * fade + accepted, trials0 * fade + trials)
 
     def draft_length(self, available: int | None = None, matched: int = 0) -> int:
         """Tokens to draft now (0: a plain decode step), at most ``available``, for a

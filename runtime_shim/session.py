@@ -404,7 +404,7 @@ class Session:
             if picks:
                 chosen.append(int(row))
             else:
-                chosen.append(sampler(row, history + chosen if sampler.uses_history else ()))
+                chosen.append(sampler(row, history + chosen))  # history: [] unless it is used
             if j == len(draft) or chosen[-1] != draft[j]:
                 break
         accepted = len(chosen) - 1

@@ -402,9 +402,7 @@ class Updater:
             crash_point("staging-replaced")
         self.slots.save(self.slots.load().evolve(state="healthy", reason=""))
         crash_point("health-checked")
-        for p in self.slots.download_dir.iterdir():
-            p.unlink(missing_ok=True)
-        fsync_dir(self.slots.download_dir)
+        self._clear_downloads()
         return UpdateResult(
             "updated", "adapter", journal.active_version, self.bytes_downloaded,
             target.length, reason=check.reason,
@@ -497,10 +495,14 @@ class Updater:
             return reason
         crash_point("health-checked")
         self.slots.save(j.evolve(state="healthy", reason=""))
+        self._clear_downloads()
+        return None
+
+    def _clear_downloads(self) -> None:
+        """The installed update's downloads are no longer needed: removed, durably."""
         for p in self.slots.download_dir.iterdir():
             p.unlink(missing_ok=True)
         fsync_dir(self.slots.download_dir)
-        return None
 
     def _probe(self, path: Path) -> None:
         import numpy as np
