@@ -349,6 +349,7 @@ class KVPool:
             name: _lazy_zeros((*lead, *shape), np.dtype(dt)) for name, (shape, dt) in parts.items()
         }
         self.refcount = np.zeros(total_blocks, np.int32)
+        self._layer_views: list[LayerKV] | None = None  # views of these arrays, made on use
 
     # -- mapped blocks -------------------------------------------------------------
     def mapping_alignment(self) -> int:
@@ -410,6 +411,13 @@ class KVPool:
         return seq
 
     # -- views ---------------------------------------------------------------------
+    def layers(self) -> list[LayerKV]:
+        """Every layer's view (made once per set of arrays: a forward asks for them all,
+        and the native one-call step keeps the views it was given)."""
+        if self._layer_views is None:
+            self._layer_views = [self.layer(i) for i in range(self.num_layers)]
+        return self._layer_views
+
     def layer(self, i: int) -> LayerKV:
         a = self._arrays
 

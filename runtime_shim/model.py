@@ -42,7 +42,7 @@ from .kernels import (
     with_float_activations,
 )
 from .kernels.layer_buffers import LayerShape
-from .kv_cache import KVCacheConfig, KVPool, LayerKV
+from .kv_cache import KVCacheConfig, KVPool
 from .kv_cache import Sequence as KVSequence
 from .layer_arena import ModelArena
 from .prefix_cache import PrefixStore
@@ -194,7 +194,6 @@ class Model:
         # the kernels' one-call forward (decoder_stack) where they have one; False: layer by
         # layer through decoder_layer, the reference it must match
         self.one_call = True
-        self._kv_views: tuple[KVPool, list[LayerKV]] | None = None
         # one forward pass at a time; sessions may live on different threads
         self.lock = threading.RLock()
         self._tokenizer = None
@@ -454,7 +453,7 @@ class Model:
             collect.setdefault("embed", []).append(x)
         inject = self.inject_overflow_layers
         arena = self.arena.native_for(adapter)
-        layers, kvs = self.weights.layers, self._layer_kvs()
+        layers, kvs = self.weights.layers, self.kv_pool.layers()
 
         def ctx_of(lw: LayerWeights) -> LayerContext:
             return LayerContext(
@@ -514,13 +513,6 @@ class Model:
         if collect is not None:
             collect.setdefault("norm", []).append(x)
         return x, last
-
-    def _layer_kvs(self) -> list[LayerKV]:
-        """Every layer's view of the KV pool (made once: the pool's arrays are fixed)."""
-        if self._kv_views is None or self._kv_views[0] is not self.kv_pool:
-            pool = self.kv_pool
-            self._kv_views = (pool, [pool.layer(i) for i in range(self.config.num_layers)])
-        return self._kv_views[1]
 
     def _head(
         self, x: np.ndarray, stats: ForwardStats, projected: np.ndarray | None = None

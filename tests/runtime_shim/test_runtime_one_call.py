@@ -58,7 +58,7 @@ def _call_ctx(m: rt.Model, n: int, table: np.ndarray) -> LayerContext:
     return LayerContext(
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         eps=cfg.rms_norm_eps, cos=cos, sin=sin, positions=pos, block_table=table, n_ctx=n,
-        kv=m._layer_kvs()[0], act_int8=m.act_int8,
+        kv=m.kv_pool.layers()[0], act_int8=m.act_int8,
     )  # fmt: skip
 
 @pytest.mark.parametrize("kv", ["int8", "float"])
@@ -132,7 +132,7 @@ def test_stack_checks_every_calls_block_table_and_reads_a_new_pools_arrays(pkg: 
     native_runtime_module("Stack")
     with rt.open(pkg, kernels="native", kv="int8", verify="none") as m:
         int8_steps = _steps(m)  # the stack now holds the int8 pool's views
-        cfg, kvs = m.config, m._layer_kvs()
+        cfg, kvs = m.config, m.kv_pool.layers()
         ctx = _call_ctx(m, 1, np.asarray([m.kv_pool.num_blocks], np.int32))
         stack = m.kernels._stack(m.weights, ctx)
         x = m.weights.embed.lookup(np.asarray(IDS[:1]))
@@ -250,7 +250,7 @@ def test_stack_checks_its_rows_and_picks(pkg: Path) -> None:
     with rt.open(pkg, kernels="native", verify="none") as m:
         seq = m.new_sequence()
         seq.prepare(IDS[:3])
-        cfg, kvs = m.config, m._layer_kvs()
+        cfg, kvs = m.config, m.kv_pool.layers()
         ctx = _call_ctx(m, 3, seq.block_table(3))
         stack = m.kernels._stack(m.weights, ctx)
         x = m.weights.embed.lookup(np.asarray(IDS[:3]))
@@ -262,3 +262,19 @@ def test_stack_checks_its_rows_and_picks(pkg: Path) -> None:
         assert done == cfg.num_layers and logits.shape == (3, cfg.vocab_size)
         np.testing.assert_array_equal(picks, logits.argmax(axis=-1))
         seq.release()
+
+
+def test_layer_views_follow_the_pools_arrays() -> None:
+    """Reserving mapped blocks makes the pool's arrays anew: the views a forward is
+    given must be of the new arrays, never kept from before."""
+    from edgepack.runtime_shim.kv_cache import KVCacheConfig, KVPool
+
+    pool = KVPool(2, 1, 64, KVCacheConfig())
+    before = pool.layers()
+    assert pool.layers() is before  # made once per set of arrays
+    pool.reserve_mapped([40])
+    after = pool.layers()
+    assert after is not before
+    fresh = pool.layer(0).k
+    assert np.shares_memory(after[0].k, fresh)
+    assert not np.shares_memory(before[0].k, fresh)
