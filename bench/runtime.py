@@ -300,11 +300,11 @@ def main() -> int:
     rows = _rows(args.kernels.split(","), isas)
     for _ in range(args.runs):
         for (key, kernels), model in models.items():
+            prompt = prompts[(key, kernels)]
             for row, isa in rows[kernels]:
                 if isa:
                     _native_kernels().set_isa(isa)
                 got = samples.setdefault((key, row), {"tg128": [], "pp512": []})
-                prompt = prompts[(key, kernels)]
                 got["tg128"].append(decode_rate(model, prompt[:64], 128))
                 got["pp512"].append(prefill_rate(model, prompt))
         for key, gguf in ggufs.items():

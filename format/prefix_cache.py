@@ -280,9 +280,7 @@ def _view(
     starts = [offset + i * layer_stride for i in range(shape[0])]
     used.extend((start, start + run) for start in starts)
     inner = np.frombuffer(view, np.uint8, end - offset, offset)
-    inner_strides = [dt.itemsize]
-    for d in reversed(shape[2:]):
-        inner_strides.insert(0, inner_strides[0] * d)
+    inner_strides = [dt.itemsize * math.prod(shape[i + 1 :]) for i in range(1, len(shape))]
     return np.ndarray(shape, dt, inner, 0, (layer_stride, *inner_strides))
 
 

@@ -175,4 +175,3 @@ def test_inconsistent_paged_descriptor_is_corrupt(edit) -> None:
     edit(doc)
     with pytest.raises(CorruptPackageError):
         decode_prefix_cache(_with_descriptor(payload, doc))
-
