@@ -236,6 +236,8 @@ def decode_prefix_cache(buf: bytes | memoryview) -> PrefixCache:
         if dims[0] != binding.num_layers or dims[1] != n:
             raise CorruptPackageError(f"prefix cache: array {name!r} is not [layers, tokens, ...]")
         stride = spec.get("layer_stride") if version >= 2 else None
+        if version >= 2 and stride is None:  # else read as contiguous: the wrong bytes
+            raise CorruptPackageError(f"prefix cache: paged array {name!r} has no layer_stride")
         arrays[name] = _view(view, spec.get("offset"), _DTYPES[dtype], dims, name, used, stride)
     used.sort()
     for (_s0, e0), (s1, _e1) in itertools.pairwise(used):

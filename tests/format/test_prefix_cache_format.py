@@ -175,3 +175,16 @@ def test_inconsistent_paged_descriptor_is_corrupt(edit) -> None:
     edit(doc)
     with pytest.raises(CorruptPackageError):
         decode_prefix_cache(_with_descriptor(payload, doc))
+
+
+@pytest.mark.parametrize("stride", ["missing", None])
+def test_paged_array_without_layer_stride_is_corrupt(stride) -> None:
+    """A version 2 array must say where its layers are: never read as contiguous."""
+    payload = encode_prefix_cache(_cache(), paged=True)
+    doc, _ = _descriptor(payload)
+    if stride == "missing":
+        del doc["arrays"][0]["layer_stride"]
+    else:
+        doc["arrays"][0]["layer_stride"] = stride
+    with pytest.raises(CorruptPackageError, match="has no layer_stride"):
+        decode_prefix_cache(_with_descriptor(payload, doc))
