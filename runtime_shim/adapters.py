@@ -29,6 +29,7 @@ from edgepack.format.adapter import (
     check_binding,
     decode_adapter,
 )
+from edgepack.format.encodings import Encoding
 from edgepack.format.errors import AdapterTargetError
 
 from .kernels.interface import QuantizedActivations
@@ -77,7 +78,8 @@ class LoraPair:
 
 def _owned(t: LoraTarget) -> tuple[LoraPair, LoraTarget]:
     """The pair for ``t``, and ``t`` on the pair's own copies of the factors: the decoded
-    payload, which every factor of ``t`` views, is not kept alive beside them."""
+    payload, which every factor of ``t`` views, is not kept alive beside them (and a
+    float16 B is not kept beside its float32 B^T: ``t``'s B becomes that, as float32)."""
     a = dataclasses.replace(t.a, codes=t.a.codes.copy())
     if a.scales is not None:
         a = dataclasses.replace(a, scales=a.scales.copy())
@@ -85,9 +87,9 @@ def _owned(t: LoraTarget) -> tuple[LoraPair, LoraTarget]:
     if b.scales is not None:  # int8: B^T codes, B's per-row scales one per output
         b_t, b_scales = np.ascontiguousarray(b.codes.T), b.scales.copy()
         b = dataclasses.replace(b, codes=b_t.T, scales=b_scales)
-    else:
+    else:  # float16 or float32: held once, as the float32 B^T the native layer reads
         b_t, b_scales = np.ascontiguousarray(b.values().T), None
-        b = dataclasses.replace(b, codes=b_t.T if b.codes.dtype == _F32 else b.codes.copy())
+        b = LoraFactor(Encoding.F32, b.shape, b_t.T)
     return LoraPair(a, b_t, b_scales, float(t.scale)), dataclasses.replace(t, a=a, b=b)
 
 
@@ -125,7 +127,7 @@ class AdapterHandle:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the factors held in memory (their stored encoding)."""
+        """Bytes of the factors held in memory (their stored encoding; float16 B as float32)."""
         return sum(p.nbytes for ps in self.layers.values() for p in ps.values())
 
 

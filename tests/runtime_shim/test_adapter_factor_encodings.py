@@ -20,7 +20,7 @@ from edgepack.packager.convert import convert
 pytest.importorskip("peft")
 
 ENCODINGS = [Encoding.INT8_CHANNEL, Encoding.F16, Encoding.F32]
-# f16 B is kept transposed as float32 (the native up-projection reads int8 or float32)
+# f16 B is kept transposed as float32, once (the native up-projection reads int8 or float32)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,26 @@ def test_loaded_adapter_holds_its_stored_bytes(root, bases, peft_dir, encoding):
     parts = [p for t in handle.adapter.targets for f in (t.a, t.b) for p in f.parts]
     assert all(_owner(p) is None for p in parts)  # no view keeps the payload alive too
     assert handle.adapter.targets[0].b.values().tobytes() == stored.targets[0].b.values().tobytes()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS, ids=lambda e: e.info.kind)
+def test_loaded_adapter_holds_each_factor_once(root, bases, peft_dir, encoding):
+    """Every buffer the handle reaches (its pairs and its adapter's targets), counted
+    once, adds up to handle.nbytes: no factor is held twice (as f16 B beside its B^T)."""
+    apkg = _adapter(root, bases["f32"], peft_dir, encoding)
+    with rt.open(bases["f32"], verify="none") as m:
+        handle = m.load_adapter(apkg)
+    pairs = [p for ps in handle.layers.values() for p in ps.values()]
+    arrays = [x for p in pairs for x in (*p.a.parts, p.b_t, p.b_scales) if x is not None]
+    arrays += [p for t in handle.adapter.targets for f in (t.a, t.b) for p in f.parts]
+    held = {id(r): r.nbytes for r in map(_root, arrays)}
+    assert sum(held.values()) == handle.nbytes
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def _owner(a: np.ndarray) -> object:
