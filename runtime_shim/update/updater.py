@@ -411,22 +411,8 @@ class Updater:
     def _adapter_health(self, base: Path, adapter: Path) -> str | None:
         """None when the adapter loads on ``base`` (bound to its weights, covering its
         tensors) and gives finite logits on the health prompt; else the reason."""
-        import numpy as np
-
-        from ..model import open as open_model
-
         try:
-            with open_model(
-                base, self.package_keys, threads=self.config.health_threads, verify="full"
-            ) as model:
-                handle = model.load_adapter(adapter)
-                vocab = model.config.vocab_size
-                ids = [i % vocab for i in self.config.health_prompt_ids]
-                with model.session(adapter=handle) as s:
-                    if not np.isfinite(s.logits(ids)).all():
-                        raise HealthCheckError("the adapter gave NaN/Inf on the health prompt")
-                if self.health_hook is not None:
-                    self.health_hook(model)
+            self._probe(base, adapter)
         except Exception as e:
             return f"adapter health check failed: {type(e).__name__}: {str(e)[:300]}"
         return None
@@ -504,7 +490,9 @@ class Updater:
             p.unlink(missing_ok=True)
         fsync_dir(self.slots.download_dir)
 
-    def _probe(self, path: Path) -> None:
+    def _probe(self, path: Path, adapter: Path | None = None) -> None:
+        """The health prompt on ``path`` (under ``adapter``, loaded on it, when given):
+        finite logits and the health hook passing, else it raises."""
         import numpy as np
 
         from ..model import open as open_model
@@ -514,7 +502,11 @@ class Updater:
         ) as model:
             vocab = model.config.vocab_size
             ids = [i % vocab for i in self.config.health_prompt_ids]
-            logits = model.logits(ids)
+            if adapter is None:
+                logits = model.logits(ids)
+            else:
+                with model.session(adapter=model.load_adapter(adapter)) as s:
+                    logits = s.logits(ids)
             if not np.isfinite(logits).all():
                 raise HealthCheckError("the forward pass on the health prompt gave NaN/Inf")
             if self.health_hook is not None:
