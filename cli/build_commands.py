@@ -95,10 +95,6 @@ def build(
     if target_bpw is not None and target_size is not None:
         raise click.UsageError("give --target-bpw or --target-size, not both")
     r = load_recipe(recipe).with_budget(target_bpw, target_size, latency_budget, lut)
-    if prefixes is None:  # --prefix-file wins over the recipe's [[prefixes]]
-        from edgepack.packager.prefix import recipe_prefixes
-
-        prefixes = recipe_prefixes(r.prefixes)
     if r.search.latency_budget_ms and not r.search.lut:
         raise click.UsageError("--latency-budget needs a LUT (--lut or [search] lut)")
     keys = [load_private_key(k) for k in sign_keys]

@@ -19,7 +19,7 @@ from ..encode import parse_encoding
 from ..errors import InputError
 from ..factorize import add_low_rank_options
 from ..model_card import Fields, merge_card
-from ..prefix import PrefixCacheInfo, PrefixRequest, write_with_prefixes
+from ..prefix import PrefixCacheInfo, PrefixRequest, recipe_prefixes, write_with_prefixes
 from ..recipe import Recipe
 from ..search import Plan, SearchError, search
 from ..sensitivity import (
@@ -82,12 +82,15 @@ def build(
     before the source is read. ``eval_file`` (default: the recipe's ``[eval] file``):
     held-out text the written package is scored on against the float model. ``card``:
     model-card fields the user gave, over the source's (:mod:`..model_card`).
+    ``prefixes`` (default: the recipe's ``[[prefixes]]``): prefixes stored as KV caches.
     ``adapters``: PEFT folders packed as LORA_ADAPTER sections bound to the built weights."""
     from edgepack.runtime_shim.instrument import set_blas_threads
 
     check_release_fields(model_version, min_runtime_version)
     given_name = resolve_model_name(model_name, "") if model_name is not None else None
     recipe = recipe or Recipe()
+    if prefixes is None:  # given prefixes (--prefix-file) win over the recipe's
+        prefixes = recipe_prefixes(recipe.prefixes)
     progress = progress or Progress()
     held_out = eval_file or recipe.evaluation.file
     held_out = check_held_out(held_out, calib_file or recipe.calibration.file) if held_out else None

@@ -183,6 +183,18 @@ def test_rtn_uniform_build_equals_convert(root: Path, gguf: Path) -> None:
             assert ea.encoding == eb.encoding and ea.hash == eb.hash, t.name
 
 
+def test_build_stores_the_recipe_prefixes(root: Path, gguf: Path) -> None:
+    """The recipe's [[prefixes]] are the library's default (not only the CLI's)."""
+    data = {
+        "quantize": {"encodings": ["int8"], "algorithm": "rtn", "scale_search": False},
+        "prefixes": [{"name": "greeting", "text": "Hello there, friend."}],
+    }
+    out = build(gguf, root / "prefixes.epk", parse_recipe(data), report=False).path
+    with rt.open(out, verify="none") as m:
+        ((_name, cache),) = m.prefix_store.caches
+        assert cache.text == "Hello there, friend."
+
+
 def test_build_from_float_package_and_budget_errors(root: Path, f32: Path) -> None:
     from edgepack.packager.search import SearchError
 
