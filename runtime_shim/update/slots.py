@@ -124,6 +124,10 @@ class SlotDir:
         found = self.adapter_dir(slot).iterdir()
         return sorted(p for p in found if _ADAPTER_NAME.fullmatch(p.name))
 
+    def adapter_sha256s(self, slot: str | None) -> list[str]:
+        """The SHA-256 each of ``slot``'s adapters is named by (:meth:`adapter_path`)."""
+        return [p.name.removesuffix(".epk") for p in self.adapters(slot)]
+
     def load(self) -> Journal:
         try:
             raw = self.journal_path.read_bytes()

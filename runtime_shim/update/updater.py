@@ -257,7 +257,7 @@ class Updater:
             "operators": {**caps.operators, ADAPTER_PLAN_OPERATOR: 1},  # it installs them
             "channel": self.channel,
             "model": model,
-            "adapters": [p.name.removesuffix(".epk") for p in self.slots.adapters(journal.active)],
+            "adapters": self.slots.adapter_sha256s(journal.active),
             "free_bytes": shutil.disk_usage(self.slots.root).free,
         }
         url = f"{self.server_url}/v1/update-check"
