@@ -2,16 +2,18 @@
 
 Text that rewrites, summarises or quotes its input repeats n-grams of it. After each
 generated token the longest recent suffix of the context (prompt + text so far, n = 3
-down to 1) is looked up among earlier positions; the tokens that followed its most
-recent earlier occurrence are the draft. The session feeds ``[last token, *draft]`` to
-one forward pass, keeps the drafts greedy decoding would have chosen itself (plus the
-token after them, which that pass also predicts) and cuts the KV sequence back past the
-first rejected one. The output is token for token what plain greedy decoding gives
-when the kernels are batch invariant (each row of a many-token pass bit-identical to a
-one-token pass: the native kernels' whole-layer path is, and a test holds it to that);
-numpy's BLAS is not (rows differ by ~1e-6, enough to flip a near tie), nor is the native
-backend where it runs attention on numpy (a KV layout it lacks), so ``"auto"`` drafts
-only where :func:`batch_invariant` found the model's own passes so, by trying them once.
+down to 1) is looked up among earlier positions; the tokens that followed its earlier
+occurrence agreeing furthest back with the context (so a copy in progress goes on from
+where it copies; of equals the most recent) are the draft, up to the next line break.
+The session feeds ``[last token, *draft]`` to one forward pass, keeps the drafts greedy
+decoding would have chosen itself (plus the token after them, which that pass also
+predicts) and cuts the KV sequence back past the first rejected one. The output is token
+for token what plain greedy decoding gives when the kernels are batch invariant (each
+row of a many-token pass bit-identical to a one-token pass: the native kernels'
+whole-layer path is, and a test holds it to that); numpy's BLAS is not (rows differ by
+~1e-6, enough to flip a near tie), nor is the native backend where it runs attention on
+numpy (a KV layout it lacks), so ``"auto"`` drafts only where :func:`batch_invariant`
+found the model's own passes so, by trying them once.
 Sampling runs plain (this is no speculative-sampling implementation).
 
 Drafts are also looked up in the prompt re-flowed (:func:`reflowed`): a rewrite copies
