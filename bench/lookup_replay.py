@@ -63,6 +63,7 @@ def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_toke
     out = item["output"][:max_tokens]
     ended = item["finish"] != "length" and len(out) == len(item["output"])
     truth = out + ([item["stops"][0]] if ended else [])  # the stop token is generated too
+    ends = ends | set(item["stops"])  # as the session has them
     dec = lk_mod.LookupDecoder(policy, item["prompt"], None, sources=sources, ends=ends)
     gen = [truth[0]]  # the first token comes from the prefill
     dec.push(truth[0])

@@ -298,7 +298,8 @@ class Session:
                 always=lookup is True, costs=pass_costs(model), counts=acceptance_counts(model)
             )
             exact = None if lookup is True else partial(batch_invariant, model)
-            sources, ends = draft_sources(model, ids), draft_ends(model)
+            sources = draft_sources(model, ids)
+            ends = draft_ends(model) | stop_ids  # nothing after a stop token is generated
             lk = LookupDecoder(policy, ids, exact, sources=sources, ends=ends)
             stats.lookup = "on" if lookup is True else "auto"
         try:
