@@ -51,7 +51,7 @@ def record(args: argparse.Namespace, out: Path) -> None:
                 finish = s.stats.finish_reason
             stops = sorted(model.stop_token_ids())
             items.append({"prompt": prompt, "output": ids, "finish": finish, "stops": stops})
-        data[key] = {"path": str(path), "items": items}
+        data[key] = {"path": str(path), "max_tokens": args.max_tokens, "items": items}
         model.close()
     out.write_text(json.dumps(data))
     print(f"recorded {out}")
@@ -102,7 +102,7 @@ def replay(data: dict, costs: dict[str, list[float]], runs: int, verbose: bool) 
         pcosts.seconds.update(enumerate(cost, 1))
         counts: dict[int, tuple[float, float]] = {}  # shared by the calls, as per model
         for run in range(-1, runs):  # -1: the bench's warm-up (16 tokens each)
-            max_tokens = 16 if run < 0 else 128
+            max_tokens = 16 if run < 0 else entry.get("max_tokens", 128)
             tot: collections.Counter = collections.Counter()
             sizes: collections.Counter[int] = collections.Counter()
             plain_steps, spent = 0, 0.0
@@ -153,6 +153,8 @@ def main() -> int:
         given = getattr(args, f"costs_{key}")
         if given:
             costs[key] = [float(x) for x in given.split(",")]
+            if len(costs[key]) < 9:
+                ap.error(f"--costs-{key}: 9 costs, of passes of 1..9 tokens")
     replay(json.loads(Path(args.data).read_text()), costs, args.runs, args.verbose)
     return 0
 
