@@ -135,7 +135,7 @@ def lookup_bench(args: argparse.Namespace, pkgs: dict[str, Path]) -> int:
         for prompt in prompts:  # warm-up: page the weights in, time the pass sizes
             _generate_timed(model, prompt, 16, "auto")
         rates: dict[str, list[float]] = {"plain": [], "lookup": []}
-        identical, drafted, accepted = True, 0, 0
+        identical, drafted, accepted, plain_steps = True, 0, 0, 0
         for run in range(args.runs):
             steps = {"plain": 0.0, "lookup": 0.0}
             seconds = {"plain": 0.0, "lookup": 0.0}
@@ -150,31 +150,39 @@ def lookup_bench(args: argparse.Namespace, pkgs: dict[str, Path]) -> int:
                     if which == "lookup":
                         drafted += st.drafted_tokens
                         accepted += st.accepted_tokens
+                    else:
+                        plain_steps += max(st.generated_tokens - 1, 0)
                 identical &= outs["plain"] == outs["lookup"]
             for which in rates:
                 rates[which].append(steps[which] / seconds[which])
         pairs = zip(rates["plain"], rates["lookup"], strict=True)
         speedups = [look / plain for plain, look in pairs]
         plain, look = (statistics.median(rates[w]) for w in ("plain", "lookup"))
-        rows.append((key, model.kernel_path, plain, look, speedups, drafted, accepted, identical))
+        # each decode pass gives one token plus the drafts it accepted
+        passes = f"{plain_steps}/{plain_steps - accepted}"
+        rows.append(
+            (key, model.kernel_path, plain, look, speedups, drafted, accepted, passes, identical)
+        )
         model.close()
     load1 = os.getloadavg()
     print(
         f"SmolLM2-135M-Instruct, prompt-lookup decoding: rewrite {len(paragraphs)} paragraphs "
         f"of the evaluation text, greedy, {args.max_tokens} tokens max, {args.threads} threads, "
         f"{args.runs} runs, each paragraph plain and lookup back to back (decode tok/s over "
-        f"all paragraphs: medians; speedup: median of the runs' ratios, min-max)"
+        f"all paragraphs: medians; speedup: median of the runs' ratios, min-max; drafts and "
+        f"decode passes: sums over the runs)"
     )
     print(f"load average (1, 5, 15 min): {_load(load0)} at start, {_load(load1)} at end\n")
     print(
         f"{'package':<8} {'plain tok/s':>12} {'lookup tok/s':>13} {'speedup':>8} "
-        f"{'min-max':>11} {'accepted/drafted':>17} {'identical':>10}"
+        f"{'min-max':>11} {'accepted/drafted':>17} {'passes plain/lookup':>20} {'identical':>10}"
     )
-    for key, _path, plain, look, speedups, drafted, accepted, identical in rows:
+    for key, _path, plain, look, speedups, drafted, accepted, passes, identical in rows:
         spread = f"{min(speedups):.2f}-{max(speedups):.2f}"
         print(
             f"{key:<8} {plain:>12.1f} {look:>13.1f} {statistics.median(speedups):>7.2f}x "
-            f"{spread:>11} {f'{accepted}/{drafted}':>17} {'yes' if identical else 'NO':>10}"
+            f"{spread:>11} {f'{accepted}/{drafted}':>17} {passes:>20} "
+            f"{'yes' if identical else 'NO':>10}"
         )
     for key, path, *_ in rows:
         print(f"{key}: {path}")

@@ -2,16 +2,18 @@
 
 Text that rewrites, summarises or quotes its input repeats n-grams of it. After each
 generated token the longest recent suffix of the context (prompt + text so far, n = 3
-down to 1) is looked up among earlier positions; the tokens that followed its most
-recent earlier occurrence are the draft. The session feeds ``[last token, *draft]`` to
-one forward pass, keeps the drafts greedy decoding would have chosen itself (plus the
-token after them, which that pass also predicts) and cuts the KV sequence back past the
-first rejected one. The output is token for token what plain greedy decoding gives
-when the kernels are batch invariant (each row of a many-token pass bit-identical to a
-one-token pass: the native kernels' whole-layer path is, and a test holds it to that);
-numpy's BLAS is not (rows differ by ~1e-6, enough to flip a near tie), nor is the native
-backend where it runs attention on numpy (a KV layout it lacks), so ``"auto"`` drafts
-only where :func:`batch_invariant` found the model's own passes so, by trying them once.
+down to 1) is looked up among earlier positions; the tokens that followed its earlier
+occurrence agreeing furthest back with the context (so a copy in progress goes on from
+where it copies; of equals the most recent) are the draft, up to the next line break.
+The session feeds ``[last token, *draft]`` to one forward pass, keeps the drafts greedy
+decoding would have chosen itself (plus the token after them, which that pass also
+predicts) and cuts the KV sequence back past the first rejected one. The output is token
+for token what plain greedy decoding gives when the kernels are batch invariant (each
+row of a many-token pass bit-identical to a one-token pass: the native kernels'
+whole-layer path is, and a test holds it to that); numpy's BLAS is not (rows differ by
+~1e-6, enough to flip a near tie), nor is the native backend where it runs attention on
+numpy (a KV layout it lacks), so ``"auto"`` drafts only where :func:`batch_invariant`
+found the model's own passes so, by trying them once.
 Sampling runs plain (this is no speculative-sampling implementation).
 
 Drafts are also looked up in the prompt re-flowed (:func:`reflowed`): a rewrite copies
@@ -52,6 +54,7 @@ __all__ = [
     "PassCosts",
     "acceptance_counts",
     "batch_invariant",
+    "draft_ends",
     "draft_sources",
     "lookup_mode",
     "pass_costs",
@@ -73,6 +76,7 @@ _COSTS: weakref.WeakKeyDictionary[Model, PassCosts] = weakref.WeakKeyDictionary(
 _ACCEPTANCE: weakref.WeakKeyDictionary[Model, dict[int, tuple[float, float]]] = (
     weakref.WeakKeyDictionary()
 )
+_ENDS: weakref.WeakKeyDictionary[Model, frozenset[int]] = weakref.WeakKeyDictionary()
 _PROBE = (4, 4)  # tokens prefilled, then decoded one by one vs in one pass
 
 
@@ -115,16 +119,32 @@ def batch_invariant(model: Model, try_passes: bool = True) -> bool:
 
 
 class DraftIndex:
-    """Where each n-gram (n = ``min_n``..``max_n``) of the context last occurred, so the
-    continuation of the current suffix is found in O(max_n) per token."""
+    """Where each n-gram (n = ``min_n``..``max_n``) of the context occurred, so the
+    continuation of the current suffix is found in O(max_n + reach) per token.
 
-    def __init__(self, tokens: Iterable[int] = (), max_n: int = 3, min_n: int = 1) -> None:
+    Of several earlier occurrences of the longest matching suffix the draft follows the
+    one whose preceding tokens match the context furthest back (up to ``reach`` tokens,
+    among the ``candidates`` most recent; of equals the most recent): a rewrite that
+    copies a phrase occurring twice in its source continues where it is copying from,
+    not from the phrase's last occurrence. A draft ends after the first token of
+    ``ends`` (line breaks: where the copy it follows usually stops)."""
+
+    def __init__(
+        self,
+        tokens: Iterable[int] = (),
+        max_n: int = 3,
+        min_n: int = 1,
+        reach: int = 16,
+        candidates: int = 16,
+        ends: frozenset[int] = frozenset(),
+    ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
+        self.reach, self.candidates, self.ends = reach, candidates, ends
         self.tokens: list[int] = []
-        # n-gram -> index of the token that followed its most recent occurrence
-        self._next: dict[tuple[int, ...], int] = {}
+        # n-gram -> indices of the tokens that followed its occurrences, oldest first
+        self._next: dict[tuple[int, ...], list[int]] = {}
         for t in tokens:
             self.push(t)
 
@@ -132,11 +152,11 @@ class DraftIndex:
         toks = self.tokens
         end = len(toks)  # the n-grams ending just before the new token now have a follower
         for n in range(self.min_n, min(self.max_n, end) + 1):
-            self._next[tuple(toks[end - n : end])] = end
+            self._next.setdefault(tuple(toks[end - n : end]), []).append(end)
         toks.append(int(token))
 
     def draft(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        """Up to ``k`` tokens that followed the best earlier occurrence of the longest
         matching suffix; empty when no suffix occurred before."""
         return self.match(k)[0]
 
@@ -146,10 +166,34 @@ class DraftIndex:
         if k <= 0:
             return [], 0
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
-            start = self._next.get(tuple(toks[len(toks) - n :]))
-            if start is not None:
-                return toks[start : start + k], n
+            starts = self._next.get(tuple(toks[len(toks) - n :]))
+            if starts:
+                start = self._best(starts, n)
+                draft = toks[start : start + k]
+                for i, t in enumerate(draft):
+                    if t in self.ends:
+                        return draft[: i + 1], n
+                return draft, n
         return [], 0
+
+    def _best(self, starts: list[int], n: int) -> int:
+        """Of ``starts`` (each after an occurrence of the ``n``-token suffix), the one
+        whose occurrence extends furthest back in agreement with the context."""
+        toks, end = self.tokens, len(self.tokens)
+        best, best_len = starts[-1], n
+        if len(starts) == 1 or self.reach <= n:
+            return best
+        for start in reversed(starts[-self.candidates :]):
+            length = n
+            while (
+                length < self.reach
+                and start - 1 - length >= 0
+                and toks[start - 1 - length] == toks[end - 1 - length]
+            ):
+                length += 1
+            if length > best_len:
+                best, best_len = start, length
+        return best
 
 
 # a line break between two words, with the spaces around it; two or more spaces between words
@@ -175,6 +219,21 @@ def draft_sources(model: Model, ids: Sequence[int]) -> list[list[int]]:
         return []
     flowed = reflowed(tokenizer, ids)
     return [flowed] if flowed else []
+
+
+def draft_ends(model: Model) -> frozenset[int]:
+    """The tokens of ``model``'s vocabulary holding a line break, where drafts end (found
+    once per model, by decoding each token: ~0.1 s for a 49k vocabulary; none when the
+    package has no tokenizer)."""
+    ends = _ENDS.get(model)
+    if ends is None:
+        try:
+            tokenizer = model.tokenizer
+        except TokenizerUnavailableError:
+            return frozenset()
+        vocab = range(model.config.vocab_size)
+        ends = _ENDS[model] = frozenset(i for i in vocab if "\n" in tokenizer.decode([i]))
+    return ends
 
 
 @dataclass
@@ -310,7 +369,8 @@ class LookupDecoder:
     is asked the first time a draft is wanted (not before: it may cost model passes);
     False switches lookup off for good (:attr:`off`). ``sources``: more token sequences
     to draft from (the prompt :func:`reflowed`), indexed before the context so that of
-    two equally long matches the context's wins."""
+    two equally good matches the context's wins; ``ends``: tokens a draft ends after
+    (:func:`draft_ends`)."""
 
     def __init__(
         self,
@@ -318,11 +378,12 @@ class LookupDecoder:
         context: Sequence[int],
         exact: Callable[[], bool] | None = None,
         sources: Iterable[Sequence[int]] = (),
+        ends: frozenset[int] = frozenset(),
     ) -> None:
         self.policy = policy
         self._exact = exact
         self.off = False
-        self.index = DraftIndex([*(t for src in sources for t in src), *context])
+        self.index = DraftIndex([*(t for src in sources for t in src), *context], ends=ends)
         self.stats = LookupStats()
         self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
         self._shadow_hits = 0

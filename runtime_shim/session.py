@@ -25,6 +25,7 @@ from .lookup import (
     LookupPolicy,
     acceptance_counts,
     batch_invariant,
+    draft_ends,
     draft_sources,
     lookup_mode,
     pass_costs,
@@ -297,7 +298,9 @@ class Session:
                 always=lookup is True, costs=pass_costs(model), counts=acceptance_counts(model)
             )
             exact = None if lookup is True else partial(batch_invariant, model)
-            lk = LookupDecoder(policy, ids, exact, sources=draft_sources(model, ids))
+            sources = draft_sources(model, ids)
+            ends = draft_ends(model) | stop_ids  # nothing after a stop token is generated
+            lk = LookupDecoder(policy, ids, exact, sources=sources, ends=ends)
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:

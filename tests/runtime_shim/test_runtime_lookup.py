@@ -14,8 +14,10 @@ from runtime_fixtures import convert_to, native_runtime_module, tiny_model_dir
 import edgepack.runtime_shim as rt
 from edgepack.runtime_shim.lookup import (
     DraftIndex,
+    LookupDecoder,
     acceptance_counts,
     batch_invariant,
+    draft_ends,
     pass_costs,
 )
 
@@ -150,6 +152,24 @@ def test_stop_tokens_inside_a_draft(small_blocks, monkeypatch, wrong_every) -> N
         got, ls = _run(small_blocks, prompt, True, max_tokens=30, stop=stop)
         assert got == want and ls.stats.finish_reason == ps.stats.finish_reason == "eos"
         assert ls.tokens == ps.tokens
+
+
+def test_drafts_end_at_stop_tokens(small_blocks, monkeypatch) -> None:
+    """Nothing after a stop token is generated: the session's drafts end at one (and at
+    the model's own stop tokens), as at a line break (the index's cut: a unit test)."""
+    ends: list[frozenset[int]] = []
+    init = LookupDecoder.__init__
+
+    def recorded(self: LookupDecoder, *args, **kw) -> None:
+        init(self, *args, **kw)
+        ends.append(self.index.ends)
+
+    monkeypatch.setattr(LookupDecoder, "__init__", recorded)
+    prompt = _prompts()[0]
+    want, _ = _run(small_blocks, prompt, False, max_tokens=30, stop=[prompt[3]])
+    got, _ = _run(small_blocks, prompt, True, max_tokens=30, stop=[prompt[3]])
+    assert got == want
+    assert ends == [draft_ends(small_blocks) | {prompt[3]} | small_blocks.stop_token_ids()]
 
 
 def test_a_closed_stream_leaves_the_plain_context(tiny, monkeypatch) -> None:

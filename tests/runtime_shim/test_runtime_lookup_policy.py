@@ -10,6 +10,7 @@ from edgepack.runtime_shim.lookup import (
     LookupDecoder,
     LookupPolicy,
     PassCosts,
+    draft_ends,
     lookup_mode,
     reflowed,
 )
@@ -48,6 +49,29 @@ def test_push_extends_the_index_like_building_it_at_once() -> None:
         assert grown.draft(4) == DraftIndex(seq[: i + 1]).draft(4)
 
 
+def test_of_several_occurrences_the_one_agreeing_furthest_back_wins() -> None:
+    # (2, 3) occurred after 1 (then 4) and later after 9 (then 5); the context ends 1 2 3
+    idx = DraftIndex([1, 2, 3, 4, 0, 9, 2, 3, 5, 0, 1, 2, 3])
+    assert idx.draft(1) == [4]
+    # agreement is looked for only ``reach`` tokens back: then the most recent wins
+    assert DraftIndex([1, 2, 3, 4, 0, 9, 2, 3, 5, 0, 1, 2, 3], max_n=2, reach=2).draft(1) == [5]
+    # the suffix 8 2 3 never occurred: equal agreement, the most recent wins
+    assert DraftIndex([1, 2, 3, 4, 0, 9, 2, 3, 5, 0, 8, 2, 3]).draft(1) == [5]
+
+
+def test_only_the_most_recent_candidates_are_compared() -> None:
+    seq = [1, 2, 3, 4, *([0, 2, 3, 5] * 3), 1, 2, 3]
+    assert DraftIndex(seq, max_n=2).draft(1) == [4]
+    assert DraftIndex(seq, max_n=2, candidates=3).draft(1) == [5]
+
+
+def test_a_draft_ends_after_a_line_break_token() -> None:
+    idx = DraftIndex([1, 2, 3, 10, 4, 5, 1, 2], ends=frozenset({10}))
+    assert idx.draft(5) == [3, 10]
+    assert idx.match(1) == ([3], 2)
+    assert DraftIndex([1, 2, 3, 10, 4, 5, 1, 2]).draft(5) == [3, 10, 4, 5, 1]
+
+
 def test_ngram_bounds_are_checked() -> None:
     with pytest.raises(ValueError):
         DraftIndex(max_n=1, min_n=2)
@@ -79,6 +103,19 @@ def test_reflowed_makes_line_breaks_and_double_spaces_between_words_one_space() 
     want = "A name is bound here. Then used.\n\nNext paragraph\n"
     assert reflowed(tok, tok.encode(text)) == tok.encode(want)
     assert reflowed(tok, tok.encode(want)) == []  # nothing to re-flow
+
+
+def test_draft_ends_are_the_tokens_holding_a_line_break() -> None:
+    class _Config:
+        vocab_size = 128
+
+    class _Model:
+        config = _Config()
+        tokenizer = _CharTokenizer()
+
+    model = _Model()
+    assert draft_ends(model) == frozenset({10})
+    assert draft_ends(model) is draft_ends(model)  # found once per model
 
 
 def test_a_source_drafts_what_the_context_has_after_a_line_break() -> None:
