@@ -8,7 +8,6 @@ extended from the model-wide prefix cache where full blocks match.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from edgepack.format.digests import sha256
 
 from .chat import render_chat
 from .errors import InvalidRequestError, KVCacheFullError
@@ -84,7 +85,7 @@ class Session:
         adapter: none, or a digest of the adapter and its scale (both decide the K/V)."""
         if self.adapter is None:
             return NO_ADAPTER
-        return hashlib.sha256(self.adapter.salt).digest()
+        return sha256(self.adapter.salt).digest()
 
     @property
     def _salt(self) -> bytes:
