@@ -207,7 +207,11 @@ class Session:
             if params != SamplingParams():
                 raise ValueError("give sampling= or the sampling arguments, not both")
             params = sampling
-        return self._generate(ids, max_tokens, params, stop, mode, lookup_mode(lookup))
+        lookup = lookup_mode(lookup)
+        # the prompt's draft sources are encoded here, with it, not once the call runs: a
+        # caller may release the tokenizer's encoder in between (edgepack run does)
+        sources = draft_sources(self.model, ids) if self._drafts(params, lookup) else []
+        return self._generate(ids, max_tokens, params, stop, mode, lookup, sources)
 
     def chat(
         self,
@@ -254,6 +258,7 @@ class Session:
         stop: str | Sequence[str | int] | None,
         mode: str,
         lookup: bool | str = False,
+        sources: list[list[int]] | None = None,
     ) -> Iterator[Any]:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
@@ -289,16 +294,13 @@ class Session:
         hold = max((len(s) for s in stop_strings), default=1) - 1
         generated: list[int] = []
         stats.finish_reason = "length"
-        # greedy only (sampling would need the speculative acceptance rule); "auto" only
-        # where verifying in one pass cannot change a logit bit
         lk = None
-        greedy = lookup is not False and params.temperature == 0.0
-        if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
+        if self._drafts(params, lookup):
             policy = LookupPolicy(
                 always=lookup is True, costs=pass_costs(model), counts=acceptance_counts(model)
             )
             exact = None if lookup is True else partial(batch_invariant, model)
-            lk = LookupDecoder(policy, ids, exact, sources=draft_sources(model, ids))
+            lk = LookupDecoder(policy, ids, exact, sources=sources or [])
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:
@@ -366,6 +368,14 @@ class Session:
                 stats.drafted_tokens = lk.stats.drafted
                 stats.accepted_tokens = lk.stats.accepted
                 stats.verify_passes = lk.stats.passes
+
+    def _drafts(self, params: SamplingParams, lookup: bool | str) -> bool:
+        """Whether a call drafts (prompt lookup): greedy only (sampling would need the
+        speculative acceptance rule); "auto" only where verifying in one pass cannot
+        change a logit bit."""
+        if lookup is False or params.temperature != 0.0:
+            return False
+        return lookup is True or batch_invariant(self.model, try_passes=False)
 
     def _lookup_step(
         self,
