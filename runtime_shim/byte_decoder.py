@@ -14,8 +14,7 @@ on probes against the tokenizer it replaces and declines (None) where they diffe
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from itertools import accumulate
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["ByteLevelDecoder"]
@@ -30,21 +29,27 @@ class ByteLevelDecoder:
 
     def __init__(
         self,
-        tokens: Sequence[str | None],
+        tokens: Iterable[str | None],
         added: dict[int, tuple[str, bool]],
         byte_of: dict[str, int],
     ) -> None:
-        """``tokens``: the vocabulary by id (None: no such id); ``added``: id -> (text,
-        special); ``byte_of``: GPT-2's character -> byte map."""
-        self.vocab_size = len(tokens)
-        self._kind = bytearray(_MISSING if t is None else _VOCAB for t in tokens)
+        """``tokens``: the vocabulary by id (None: no such id), read once and not kept
+        (49k small objects left in Python's heap would outlive the table: 3 MiB);
+        ``added``: id -> (text, special); ``byte_of``: GPT-2's character -> byte map."""
+        self._kind = bytearray()
+        blob = bytearray()
+        self._end = array("Q")
+        for token in tokens:
+            self._kind.append(_MISSING if token is None else _VOCAB)
+            if token is not None:
+                blob += _token_bytes(token, byte_of)
+            self._end.append(len(blob))
+        self._blob = bytes(blob)
+        self.vocab_size = len(self._kind)
         for i, (_, special) in added.items():
             if 0 <= i < self.vocab_size:
                 self._kind[i] = _SPECIAL if special else _ADDED
         self._added = {i: text for i, (text, _) in added.items()}
-        pieces = [b"" if t is None else _token_bytes(t, byte_of) for t in tokens]
-        self._blob = b"".join(pieces)
-        self._end = array("Q", accumulate(len(p) for p in pieces))
 
     @classmethod
     def of(cls, tk: Any, byte_of: dict[str, int]) -> ByteLevelDecoder | None:
@@ -53,14 +58,10 @@ class ByteLevelDecoder:
         if type(tk.decoder).__name__ != "ByteLevel" or type(tk.model).__name__ != "BPE":
             return None
         n = tk.get_vocab_size(with_added_tokens=True)
-        tokens: list[str | None] = [None] * n
-        for text, i in tk.get_vocab(with_added_tokens=False).items():
-            if 0 <= i < n:
-                tokens[i] = text
         decoder = tk.get_added_tokens_decoder()
         added = {int(i): (t.content, bool(t.special)) for i, t in decoder.items()}
-        table = cls(tokens, added, byte_of)
-        probes = _probes(tokens, added, byte_of)
+        table = cls((tk.model.id_to_token(i) for i in range(n)), added, byte_of)
+        probes = _probes(tk, table, byte_of)
         return table if all(table._agrees(tk, ids) for ids in probes) else None
 
     def decode(self, ids: list[int], skip: bool) -> str:
@@ -92,17 +93,13 @@ def _token_bytes(token: str, byte_of: dict[str, int]) -> bytes:
     return token.encode("utf-8") if None in raw else bytes(raw)  # type: ignore[arg-type]
 
 
-def _probes(
-    tokens: Sequence[str | None], added: dict[int, tuple[str, bool]], byte_of: dict[str, int]
-) -> list[list[int]]:
+def _probes(tk: Any, table: ByteLevelDecoder, byte_of: dict[str, int]) -> list[list[int]]:
     """Id sequences where decoders differ if they differ at all: each added token between
     the halves of a split UTF-8 character, an unknown id, and a stretch of the vocabulary."""
-    index = {t: i for i, t in enumerate(tokens) if t is not None and len(t) == 1}
     char_of = {b: c for c, b in byte_of.items()}
-    lead, tail = (index.get(char_of.get(b, "")) for b in (0xE2, 0x82))
-    split = [i for i in (lead, tail) if i is not None]
-    probes = [[*split[:1], a, *split[1:], *split[1:]] for a in added]
-    probes.append([*split, len(tokens), *split])
-    known = [i for i, t in enumerate(tokens) if t is not None]
-    probes.append(known[:: max(1, len(known) // 512)])
+    split = [i for i in (tk.token_to_id(char_of[b]) for b in (0xE2, 0x82)) if i is not None]
+    probes = [[*split[:1], a, *split[1:], *split[1:]] for a in table._added]
+    n = table.vocab_size
+    probes.append([*split, n, *split])
+    probes.append([i for i in range(0, n, max(1, n // 512)) if table._kind[i] != _MISSING])
     return probes
