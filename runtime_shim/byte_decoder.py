@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from functools import lru_cache
+from itertools import accumulate, islice
 from typing import Any
 
 __all__ = ["ByteLevelDecoder"]
 
 _MISSING, _VOCAB, _ADDED, _SPECIAL = range(4)
+_CHUNK = 4096  # tokens converted at once
 
 
 class ByteLevelDecoder:
@@ -33,17 +36,32 @@ class ByteLevelDecoder:
         added: dict[int, tuple[str, bool]],
         byte_of: dict[str, int],
     ) -> None:
-        """``tokens``: the vocabulary by id (None: no such id), read once and not kept
-        (49k small objects left in Python's heap would outlive the table: 3 MiB);
+        """``tokens``: the vocabulary by id (None: no such id), read :data:`_CHUNK` at a
+        time (49k small strings alive at once would leave Python's heap 3 MiB larger);
         ``added``: id -> (text, special); ``byte_of``: GPT-2's character -> byte map."""
+        chars = _byte_chars(tuple(sorted(byte_of.items())))
         self._kind = bytearray()
-        blob = bytearray()
         self._end = array("Q")
-        for token in tokens:
-            self._kind.append(_MISSING if token is None else _VOCAB)
-            if token is not None:
-                blob += _token_bytes(token, byte_of)
-            self._end.append(len(blob))
+        blob = bytearray()
+        it = iter(tokens)
+        while chunk := list(islice(it, _CHUNK)):
+            try:  # at once: every character one byte (a byte-level vocabulary)
+                if None in chunk:
+                    raise UnicodeEncodeError("latin-1", "", 0, 0, "an id with no token")
+                text: list[str] = chunk  # type: ignore[assignment]
+                blob += "".join(text).translate(chars).encode("latin-1")
+                self._kind += bytes([_VOCAB]) * len(text)
+                ends = accumulate(map(len, text), initial=self._end[-1] if self._end else 0)
+                self._end.extend(islice(ends, 1, None))
+            except UnicodeEncodeError:  # token by token: a character outside the map, a gap
+                for token in chunk:
+                    self._kind.append(_MISSING if token is None else _VOCAB)
+                    if token is not None:
+                        try:
+                            blob += token.translate(chars).encode("latin-1")
+                        except UnicodeEncodeError:
+                            blob += token.encode("utf-8")
+                    self._end.append(len(blob))
         self._blob = bytes(blob)
         self.vocab_size = len(self._kind)
         for i, (_, special) in added.items():
@@ -60,7 +78,7 @@ class ByteLevelDecoder:
         n = tk.get_vocab_size(with_added_tokens=True)
         decoder = tk.get_added_tokens_decoder()
         added = {int(i): (t.content, bool(t.special)) for i, t in decoder.items()}
-        table = cls((tk.model.id_to_token(i) for i in range(n)), added, byte_of)
+        table = cls((tk.id_to_token(i) for i in range(n)), added, byte_of)
         probes = _probes(tk, table, byte_of)
         return table if all(table._agrees(tk, ids) for ids in probes) else None
 
@@ -88,9 +106,15 @@ class ByteLevelDecoder:
         )
 
 
-def _token_bytes(token: str, byte_of: dict[str, int]) -> bytes:
-    raw = [byte_of.get(c) for c in token]
-    return token.encode("utf-8") if None in raw else bytes(raw)  # type: ignore[arg-type]
+@lru_cache(maxsize=1)
+def _byte_chars(byte_of: tuple[tuple[str, int], ...]) -> dict[int, str]:
+    """A ``str.translate`` table: each mapped character to the character of its byte
+    (``latin-1`` then encodes it as that byte), every other one below the map's end to one
+    ``latin-1`` cannot encode (so such a token falls back to its UTF-8)."""
+    table = {ord(c): chr(b) for c, b in byte_of}
+    for code in range(max(table) + 1):
+        table.setdefault(code, "\ufffe")
+    return table
 
 
 def _probes(tk: Any, table: ByteLevelDecoder, byte_of: dict[str, int]) -> list[list[int]]:

@@ -65,3 +65,13 @@ def test_other_decoders_and_other_sources_keep_the_librarys_tokenizer() -> None:
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True},
     }
     assert not Tokenizer(spec, "tokenizers").release_encoder()  # no package to rebuild from
+
+
+def test_gaps_and_characters_outside_the_byte_map() -> None:
+    byte_of = _byte_map()[1]
+    plain = ByteLevelDecoder(["a", "\u0120b", "\u00e9"], {0: ("<s>", True)}, byte_of)
+    assert plain.decode([1, 2, 0, 1], skip=False) == " b\ufffd<s> b"  # é: byte 0xE9 alone
+    assert plain.decode([1, 0, 1, 9], skip=True) == " b b"
+    mixed = ByteLevelDecoder(["a", None, "\u0120b", "\u4e00x"], {}, byte_of)
+    assert mixed.decode([0, 1, 2, 3], skip=False) == "a b\u4e00x"  # its UTF-8, as it is
+    assert mixed.vocab_size == 4
