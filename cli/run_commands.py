@@ -280,6 +280,9 @@ def run(
             stream = session.chat(messages, max_tokens, **sampling)
         else:
             stream = session.generate(text, max_tokens, **sampling)
+        # the one prompt is encoded: of the tokenizer only its decoder stays (13 MiB less
+        # resident with SmolLM2's vocabulary, while the weights are)
+        model.tokenizer.release_encoder()
         reply = _stream_out(stream, as_json)
         stats = _stats_json(session.stats, session, rss_before_open)
         if stats_file:

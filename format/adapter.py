@@ -19,7 +19,6 @@ Decoding checks every field, shape and length against the limits of
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
@@ -38,6 +37,7 @@ from .constants import (
     MAX_DIM,
     MAX_NAME_BYTES,
 )
+from .digests import sha256
 from .encodings import Encoding, by_label
 from .errors import (
     AdapterBaseError,
@@ -171,7 +171,7 @@ class LoraAdapter:
 def adapter_digest(payload: bytes | memoryview) -> bytes:
     """SHA-256 of an encoded payload: names one adapter (what a KV cache made with it
     is bound to, besides the base's weights digest)."""
-    return hashlib.sha256(payload).digest()
+    return sha256(payload).digest()
 
 
 def short_digest(digest: bytes) -> str:

@@ -7,7 +7,6 @@ are checked on demand by :meth:`Package.verify`, for everything or per tensor.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -28,6 +27,7 @@ from .constants import (
     Encoding,
     SectionKind,
 )
+from .digests import sha256
 from .errors import CorruptPackageError, IncompatiblePackageError
 from .header import Header, SectionEntry, Span, TensorEntry
 from .header_decode import decode_header
@@ -108,7 +108,7 @@ class Package:
             pre = Preamble.unpack(f.read(PREAMBLE_SIZE), size)
             f.seek(pre.header_offset)
             header_bytes = f.read(pre.header_length)
-            if hashlib.sha256(header_bytes).digest() != pre.header_digest:
+            if sha256(header_bytes).digest() != pre.header_digest:
                 raise CorruptPackageError("header digest mismatch: the header was modified")
             header = validate_header(decode_header(header_bytes), pre)
             if capabilities is not None:
@@ -268,7 +268,7 @@ class Package:
         """A view of the section's stored bytes once they hash-check (release it)."""
         if self._mm is None:
             raise ValueError("package is closed")
-        digest = hashlib.sha256()
+        digest = sha256(size=sec.data.length)
         self._hash_span(sec.data, digest)
         if digest.digest() != sec.hash:
             raise CorruptPackageError(f"{_where(sec)} hash mismatch")
@@ -283,7 +283,7 @@ class Package:
             for factor in t.factors:
                 self.verify_tensor(factor)
             return
-        digest = hashlib.sha256()
+        digest = sha256(size=sum(span.length for span in t.spans))
         for span in t.spans:
             self._hash_span(span, digest)
         if digest.digest() != t.hash:
@@ -321,7 +321,7 @@ class Package:
             if sec.kind in known_kinds:
                 self._check_section_data(sec)  # hash, and that it decodes as declared
             else:  # optional and unknown (validate refuses required ones): hash only
-                digest = hashlib.sha256()
+                digest = sha256(size=sec.data.length)
                 self._hash_span(sec.data, digest)
                 if digest.digest() != sec.hash:
                     raise CorruptPackageError(f"section {sec.kind_name}/{sec.name!r} hash mismatch")

@@ -11,7 +11,6 @@ The output goes through a temporary file renamed into place; the input is only r
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from .compat import parse_semver
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE
+from .digests import sha256
 from .errors import TruncatedPackageError
 from .file_layout import align, shift_spans
 from .file_mode import seal_output
@@ -72,7 +72,7 @@ def resign(
         version=old.identity.version if version is None else version,
     )
     header_bytes, data_offset = _encode_before_data(replace(old, identity=identity), old_pre)
-    digest = hashlib.sha256(header_bytes).digest()
+    digest = sha256(header_bytes).digest()
     signature = build_signature_block(digest, signing_keys) if signing_keys else b""
     pre = Preamble(
         header_offset=PREAMBLE_SIZE,

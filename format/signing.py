@@ -10,7 +10,6 @@ key) never maps its 9 MiB.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 import flatbuffers
 
 from .constants import DIGEST_SIZE, SIGNATURE_CONTEXT, SignatureAlgorithm
+from .digests import sha256
 from .errors import InvalidThresholdError, SignatureError
 from .schema import Signature as fb_Signature
 from .schema import SignatureBlock as fb_Block
@@ -57,7 +57,7 @@ def key_id(public_key: Ed25519PublicKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).digest()
+    return sha256(raw).digest()
 
 
 def signature_message(header_digest: bytes) -> bytes:

@@ -9,10 +9,10 @@ changes, and does not change when only sections, metadata or the signature do.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Iterable
 
+from .digests import sha256
 from .header import TensorEntry
 
 _DOMAIN = b"edgepack-weights-digest-v1\x00"
@@ -20,7 +20,7 @@ _DOMAIN = b"edgepack-weights-digest-v1\x00"
 
 def weights_digest(tensors: Iterable[TensorEntry]) -> bytes:
     """SHA-256 over the tensor records of a header, in name order (32 bytes)."""
-    h = hashlib.sha256(_DOMAIN)
+    h = sha256(_DOMAIN)
     for t in sorted(tensors, key=lambda entry: entry.name):
         _add_bytes(h, t.name.encode("utf-8"))
         h.update(struct.pack("<HIII", int(t.encoding), len(t.shape), t.group_size, t.rank))

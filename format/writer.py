@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import zstandard
 
 from .constants import DATA_REGION_ALIGNMENT, PREAMBLE_SIZE, Compression, Encoding, SectionKind
+from .digests import sha256
 from .file_layout import DIGEST_PLACEHOLDER, FileLayout, signature_length
 from .file_mode import seal_output
 from .header import ModelIdentity, Provenance, SectionEntry, Span, TensorEntry
@@ -322,7 +322,7 @@ class PackageWriter(PackageSizer):
         try:
             data_length = self._layout.data_length
             header_bytes, data_offset = self._layout.encode()
-            digest = hashlib.sha256(header_bytes).digest()
+            digest = sha256(header_bytes).digest()
             signature = build_signature_block(digest, signing_keys) if signing_keys else b""
             assert len(signature) == signature_length(signing_keys)
             preamble = Preamble(
@@ -366,7 +366,7 @@ class PackageWriter(PackageSizer):
 
     # -- internals ---------------------------------------------------------------
     def _store(self, parts: list[tuple[Span, np.ndarray | None, np.dtype]]) -> bytes:
-        digest = hashlib.sha256()
+        digest = sha256(size=sum(span.length for span, _, _ in parts))
         for span, array, dtype in parts:
             if array is None:
                 raise ValueError("declare_tensor only sizes a package; add_tensor writes one")

@@ -110,7 +110,6 @@ block copies it first; the mapping itself is never written (a write would fault)
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 from collections import OrderedDict
@@ -118,6 +117,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import numpy as np
+
+from edgepack.format.digests import blake2b
 
 from .errors import KVCacheFullError
 from .page_map import PAGE, map_file_pages
@@ -301,7 +302,7 @@ def _round_up(n: int, step: int) -> int:
 def block_hash(parent: bytes, tokens: np.ndarray | list[int]) -> bytes:
     """Chain hash of a full block: the parent block's hash and this block's token ids."""
     data = np.asarray(tokens, dtype="<i4").tobytes()
-    return hashlib.blake2b(parent + data, digest_size=16).digest()
+    return blake2b(parent + data, digest_size=16).digest()
 
 
 class KVPool:
@@ -325,7 +326,7 @@ class KVPool:
         self.block_size = bs = cfg.block_size
         self.v_group = v_group
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.root = hashlib.blake2b(salt + cfg.mode.encode(), digest_size=16).digest()
+        self.root = blake2b(salt + cfg.mode.encode(), digest_size=16).digest()
         per_token_layer = layout.bytes_per_token_layer(num_kv_heads, head_dim, v_group)
         self.bytes_per_block = per_token_layer * bs * num_layers
         self.num_blocks = cfg.budget_bytes // self.bytes_per_block

@@ -12,7 +12,6 @@ says so and the caller copies instead.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import sys
 from functools import cache
@@ -29,7 +28,9 @@ def _mmap():  # -> the libc function, or None
     if sys.platform not in ("linux", "darwin") or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # the C library the process runs on (ctypes.util.find_library would name the same
+        # one, importing subprocess and more for it: +1.3 MiB resident at every open)
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
     fn = libc.mmap

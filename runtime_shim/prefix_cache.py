@@ -21,7 +21,6 @@ remaining tokens are the only prefill.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ import numpy as np
 
 from edgepack.format import SectionKind
 from edgepack.format.constants import PAGE_SIZE
+from edgepack.format.digests import sha256
 from edgepack.format.prefix_cache import KVBinding, PrefixCache, decode_prefix_cache
 
 from .kv_cache import KV_LAYOUT_VERSION, KVPool
@@ -64,7 +64,7 @@ def _section_hash(model: Model, kind: SectionKind) -> bytes:
 
 def rope_digest(inv_freq: np.ndarray, scaling: float) -> bytes:
     """SHA-256 of the RoPE table's inputs as the runtime uses them (float32)."""
-    h = hashlib.sha256(b"edgepack-rope-v1\x00")
+    h = sha256(b"edgepack-rope-v1\x00")
     h.update(np.ascontiguousarray(inv_freq, "<f4").tobytes())
     h.update(np.float32(scaling).tobytes())
     return h.digest()

@@ -8,7 +8,6 @@ extended from the model-wide prefix cache where full blocks match.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from edgepack.format.digests import sha256
 
 from .chat import render_chat
 from .errors import InvalidRequestError, KVCacheFullError
@@ -85,7 +86,7 @@ class Session:
         adapter: none, or a digest of the adapter and its scale (both decide the K/V)."""
         if self.adapter is None:
             return NO_ADAPTER
-        return hashlib.sha256(self.adapter.salt).digest()
+        return sha256(self.adapter.salt).digest()
 
     @property
     def _salt(self) -> bytes:
@@ -207,7 +208,11 @@ class Session:
             if params != SamplingParams():
                 raise ValueError("give sampling= or the sampling arguments, not both")
             params = sampling
-        return self._generate(ids, max_tokens, params, stop, mode, lookup_mode(lookup))
+        lookup = lookup_mode(lookup)
+        # the prompt's draft sources are encoded here, with it, not once the call runs: a
+        # caller may release the tokenizer's encoder in between (edgepack run does)
+        sources = draft_sources(self.model, ids) if self._drafts(params, lookup) else []
+        return self._generate(ids, max_tokens, params, stop, mode, lookup, sources)
 
     def chat(
         self,
@@ -254,6 +259,7 @@ class Session:
         stop: str | Sequence[str | int] | None,
         mode: str,
         lookup: bool | str = False,
+        sources: list[list[int]] | None = None,
     ) -> Iterator[Any]:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
@@ -289,18 +295,14 @@ class Session:
         hold = max((len(s) for s in stop_strings), default=1) - 1
         generated: list[int] = []
         stats.finish_reason = "length"
-        # greedy only (sampling would need the speculative acceptance rule); "auto" only
-        # where verifying in one pass cannot change a logit bit
         lk = None
-        greedy = lookup is not False and params.temperature == 0.0
-        if greedy and (lookup is True or batch_invariant(model, try_passes=False)):
+        if self._drafts(params, lookup):
             policy = LookupPolicy(
                 always=lookup is True, costs=pass_costs(model), counts=acceptance_counts(model)
             )
             exact = None if lookup is True else partial(batch_invariant, model)
-            sources = draft_sources(model, ids)
             ends = draft_ends(model) | stop_ids  # nothing after a stop token is generated
-            lk = LookupDecoder(policy, ids, exact, sources=sources, ends=ends)
+            lk = LookupDecoder(policy, ids, exact, sources=sources or [], ends=ends)
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:
@@ -368,6 +370,14 @@ class Session:
                 stats.drafted_tokens = lk.stats.drafted
                 stats.accepted_tokens = lk.stats.accepted
                 stats.verify_passes = lk.stats.passes
+
+    def _drafts(self, params: SamplingParams, lookup: bool | str) -> bool:
+        """Whether a call drafts (prompt lookup): greedy only (sampling would need the
+        speculative acceptance rule); "auto" only where verifying in one pass cannot
+        change a logit bit."""
+        if lookup is False or params.temperature != 0.0:
+            return False
+        return lookup is True or batch_invariant(self.model, try_passes=False)
 
     def _lookup_step(
         self,

@@ -11,7 +11,6 @@ PREFIX_KV_CACHE payload (format/prefix_cache.py), behind a magic and its SHA-256
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edgepack.format.digests import sha256
 from edgepack.format.errors import CorruptPackageError
 from edgepack.format.file_mode import seal_output
 from edgepack.format.output_file import create_partial
@@ -56,7 +56,7 @@ def save_session(session: Session, path: str | os.PathLike[str]) -> Path:
     fd, tmp = create_partial(out)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_HEAD.pack(_MAGIC, _VERSION, len(body), hashlib.sha256(body).digest()))
+            f.write(_HEAD.pack(_MAGIC, _VERSION, len(body), sha256(body).digest()))
             f.write(body)
             seal_output(f)
         os.replace(tmp, out)
@@ -82,7 +82,7 @@ def read_session_file(path: str | os.PathLike[str]) -> PrefixCache:
         body = f.read(length + 1)
     if len(body) != length:
         raise CorruptSessionError(f"{path}: truncated or with trailing bytes")
-    if hashlib.sha256(body).digest() != digest:
+    if sha256(body).digest() != digest:
         raise CorruptSessionError(f"{path}: hash mismatch: the file was modified")
     try:
         return decode_prefix_cache(body)

@@ -51,3 +51,25 @@ def test_update_client_loads_no_server_code() -> None:
     # (securesystemslib itself probes for boto3, for its AWS KMS signer: not ours to stop)
     server = ["edgepack.packager", "edgepack.server", "edgepack.cli", "click", "fastapi", "uvicorn"]
     assert [m for m in server if m in loaded or any(x.startswith(m + ".") for x in loaded)] == []
+
+
+# Loaded by a run only if something asks for them: OpenSSL (+3.9 MiB resident; the
+# digests of an unverified open are CPython's own), importlib.metadata (+3.0 MiB; the
+# version comes from the generated edgepack._version) and subprocess (ctypes.util).
+NOT_ON_THE_RUN_PATH = ["hashlib", "_hashlib", "importlib.metadata", "subprocess"]
+
+
+def test_an_unverified_run_loads_no_openssl_metadata_or_subprocess(tmp_path_factory) -> None:
+    from runtime_fixtures import tiny_package
+
+    pkg = tiny_package(tmp_path_factory, "int8")
+    code = (
+        "import sys, json, edgepack.runtime_shim as rt\n"
+        f"with rt.open({str(pkg)!r}, verify='none') as m:\n"
+        "    assert len(list(m.session().generate([1, 2, 3], 4, lookup=True))) == 4\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded = set(json.loads(out.stdout))
+    assert "edgepack.runtime_shim.kv_cache" in loaded  # the check itself is live
+    assert [m for m in NOT_ON_THE_RUN_PATH if m in loaded] == []

@@ -4,7 +4,8 @@ The subpackages are ``edgepack.format``, ``edgepack.runtime_shim`` (what an app 
 ``edgepack.packager``, ``edgepack.server`` and ``edgepack.cli``. This module imports
 none of them and nothing else at import time: ``import edgepack.runtime_shim`` pays
 nothing for it. ``edgepack.__version__`` is the installed distribution's version, whose
-one source is ``pyproject.toml``; it is read on first use.
+one source is ``pyproject.toml`` (the install writes it to ``_version.py``); it is read on
+first use.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ _UNKNOWN = "0.0.0+unknown"  # the files are importable without an installed dist
 
 
 def _installed_version() -> str:
+    try:  # written by the install (pyproject's [[tool.scikit-build.generate]])
+        from ._version import version  # type: ignore[import-not-found]
+    except ImportError:  # a source tree on sys.path: ask the distribution, if any
+        pass
+    else:
+        return version
     from importlib import metadata
 
     try:
