@@ -14,6 +14,7 @@ on probes against the tokenizer it replaces and declines (None) where they diffe
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterable
 from functools import lru_cache
 from itertools import accumulate, islice
@@ -98,6 +99,22 @@ class ByteLevelDecoder:
         if run:
             out.append(b"".join(run).decode("utf-8", errors="replace"))
         return "".join(out)
+
+    def ids_containing(self, text: str) -> frozenset[int] | None:
+        """The ids whose decoding alone contains ``text``, for one ASCII character (its
+        byte is never part of a multi-byte UTF-8 sequence, so a token's bytes hold it
+        exactly when its text does); None for other text."""
+        if len(text) != 1 or not text.isascii():
+            return None
+        found = {i for i, t in self._added.items() if text in t}
+        byte, blob, end = ord(text), self._blob, self._end
+        pos = blob.find(byte)
+        while pos >= 0:
+            i = bisect_right(end, pos)
+            if self._kind[i] == _VOCAB:
+                found.add(i)
+            pos = blob.find(byte, end[i])
+        return frozenset(found)
 
     def _agrees(self, tk: Any, ids: list[int]) -> bool:
         return all(

@@ -118,6 +118,16 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._impl.decode([int(i) for i in ids], skip_special_tokens)
 
+    def ids_containing(self, text: str) -> frozenset[int]:
+        """The ids whose decoding alone (special tokens kept) contains ``text``: a scan of
+        the byte table after :meth:`release_encoder`, else every id decoded (~35 ms for a
+        49k vocabulary)."""
+        scan = getattr(self._impl, "ids_containing", None)
+        found = scan(text) if scan is not None else None
+        if found is not None:
+            return found
+        return frozenset(i for i in range(self.vocab_size) if text in self.decode([i]))
+
     def token_to_id(self, token: str) -> int | None:
         return self._encoder().token_to_id(token)
 

@@ -75,3 +75,15 @@ def test_gaps_and_characters_outside_the_byte_map() -> None:
     mixed = ByteLevelDecoder(["a", None, "\u0120b", "\u4e00x"], {}, byte_of)
     assert mixed.decode([0, 1, 2, 3], skip=False) == "a b\u4e00x"  # its UTF-8, as it is
     assert mixed.vocab_size == 4
+
+
+def test_ids_containing_a_character_are_those_whose_text_holds_it(released) -> None:
+    """The released table's byte scan finds what decoding every id finds, the library's
+    tokenizer (the per-id path) the same; text it cannot scan takes that path too."""
+    tok, library = released
+    n = tok.vocab_size
+    for char in ("\n", " ", "<", "."):
+        expected = frozenset(i for i in range(n) if char in library.decode([i], False))
+        assert expected and tok.ids_containing(char) == expected, char
+    spaced = frozenset(i for i in range(n) if "\n\n" in library.decode([i], False))
+    assert tok.ids_containing("\n\n") == spaced
