@@ -68,19 +68,17 @@ def test_run_stays_within_the_memory_budget(tmp_path: Path) -> None:
     assert st["peak_rss_bytes"] - base <= _budget(st), (st, base)
 
 
-# Below the issue's budget on the whole process, a floor no run can go under: before the
-# package is opened, the interpreter (~10 MiB), numpy (~19.5), the tokenizers library (~5)
-# and the edgepack and click modules (~9) are resident (measured after the digests, the
-# version and page_map stopped loading OpenSSL, importlib.metadata and subprocess): 43.6
-# MiB, over the 40 MiB of slack already. Measured peaks over the budget: 24-char prompt
-# +4 to +6 MiB (its 11 MiB arena is planned for 512-token prefill chunks and barely
-# touched), 2600-char prompt (~700 tokens) +16 MiB (the arena resident, and the prefill's
-# [T, hidden] activations outside it). The run-added test holds; the whole-process one is
-# expected to fail until that floor drops.
+# The issue's budget on the whole process. Before the package is opened the interpreter,
+# numpy, the tokenizers library and the edgepack and click modules are ~35 MiB resident
+# (after the digests, the version and page_map stopped loading OpenSSL,
+# importlib.metadata and subprocess), most of the 40 MiB slack. Measured on 2026-12-01: a
+# 24-char prompt peaks 1.5-2.0 MiB under the budget (6 runs; edgepack run keeps only the
+# tokenizer's decoder once the prompt is encoded), a 2600-char one (~700 tokens) ~11 MiB
+# over it (its arena resident, and the prefill's [T, hidden] activations outside it).
 _WHOLE_PROCESS_GAP = (
-    "the interpreter, numpy, the tokenizers library and the edgepack and click modules "
-    "alone take ~43.6 MiB before the package is opened, over the 40 MiB slack: the "
-    "whole-process budget is not met"
+    "a 703-token prompt: peak RSS 153 MiB against a budget of 142.5 (measured 2026-12-01); "
+    "the interpreter, numpy, tokenizers and the edgepack and click modules are ~35 MiB of "
+    "the 40 MiB slack before the package is opened, the prefill's activations the rest"
 )
 
 
@@ -127,9 +125,16 @@ def test_smollm2_int4_run_adds_at_most_the_budget(smollm2_run_stats: dict) -> No
     assert added <= _budget(st), (st, _budget(st))
 
 
-@pytest.mark.xfail(strict=True, reason=_WHOLE_PROCESS_GAP)
+@pytest.mark.parametrize(
+    "smollm2_run_stats",
+    [24, pytest.param(2600, marks=pytest.mark.xfail(strict=True, reason=_WHOLE_PROCESS_GAP))],
+    ids=["short", "long"],
+    indirect=True,
+)
 def test_smollm2_int4_whole_process_within_the_budget(smollm2_run_stats: dict) -> None:
     """The issue's target on the whole process: peak RSS <= weights mapped + KV in use +
-    arena + 40 MiB (strict: it turns red the day it holds, to be made a plain test)."""
+    arena + 40 MiB. A short prompt holds it (by ~1 MiB: the budget counts the whole
+    arena, a short prefill touches little of it); a long one not yet (strict: it turns
+    red the day it holds, to be made a plain test)."""
     st = smollm2_run_stats
     assert st["peak_rss_bytes"] <= _budget(st), (st, _budget(st))
