@@ -15,7 +15,7 @@ k = pytest.importorskip("edgepack.native._kernels")
 
 # below infer_amx.cpp's kMinTokens* the amx table runs the avx512 kernels (exact too); from
 # 16 on, always the tiles
-TOKENS = [1, 2, 3, 4, 5, 6, 8, 15, 16, 17, 40, 515]
+TOKENS = [*range(1, 18), 40, 515]
 DEFAULT_ISA = k.active_isa()  # at import, before any test switches it
 
 
