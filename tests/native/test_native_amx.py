@@ -13,8 +13,8 @@ from test_native_infer import Q8_CASES, make_weight, q8_inputs, rng, same_bits
 
 k = pytest.importorskip("edgepack.native._kernels")
 
-# below infer_amx.cpp's kMinTokens* the amx table runs the avx512 kernels (exact too); from
-# 16 on, always the tiles
+# infer_amx.cpp's swapped tiles (weights as A) for few tokens (int8 4..16, int4 8..15),
+# below them the avx512 kernels (exact too); from 16 on, always tiles of one layout
 TOKENS = [*range(1, 18), 40, 515]
 DEFAULT_ISA = k.active_isa()  # at import, before any test switches it
 

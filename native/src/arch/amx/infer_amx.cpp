@@ -1,9 +1,11 @@
 // AMX (AMX-TILE + AMX-INT8) int8-activation GEMM, bit-identical to ref::q8_gemm.
 //
 // Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
-// tiles do not cover and for token counts where the VNNI kernels are faster (T < kMinTokens).
+// tiles do not cover and for token counts where the VNNI kernels are faster (use_small's
+// lower bounds).  Two tile layouts: few tokens (T <= 16, "swapped", below) take the weights
+// as the A tile; many (T >= kMinTokens, unless swapped) take them as B:
 //
-// Tiles: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
+// Big path: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
 // K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
 // stored; int4 nibbles unpacked to nib - 8 (sym) or nib (asym)), repacked once per panel
 // and reused by every token tile; C = 16 tokens x 16 rows of exact int32 block sums (one
@@ -22,8 +24,8 @@ namespace edgepack {
 namespace infer {
 namespace {
 
-// Smallest token count that takes the tiles: below it the VNNI kernels are faster, since
-// every call repacks each weight panel (a fixed cost per call that only many token tiles
+// Smallest token count that takes the big path (use_small goes first): below it the
+// swapped tiles or the VNNI kernels are faster, since every call repacks each weight panel (a fixed cost per call that only many token tiles
 // pay back).  Measured on 2026-12-01 in the whole SmolLM2 forward (one pass of T tokens
 // after 200, 2 threads, amx vs avx512 in turn): int4-g32 T = 4 12.1 vs 7.7 ms, T = 8 14.8
 // vs 12.7, T = 12 18.2 vs 17.4, T = 16 19.4 vs 21.2; the int8 package crosses between 12
@@ -61,6 +63,8 @@ Plan plan_for(const WeightView& w, int64_t ga) {
 bool use_tiles(const WeightView& w, const ActQ8& x) {
     return x.T >= kMinTokens && plan_for(w, x.group).ok;
 }
+
+bool use_small(const WeightView& w, const ActQ8& x);
 
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
@@ -314,7 +318,7 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
     if (configured != 0) _tile_release();
 }
 
-// ---- Few tokens (kSmallMinTokens <= T < kMinTokens): the roles swapped ----
+// ---- Few tokens (use_small: T = 4..16 int8, 8..15 int4): the roles swapped ----
 //
 // A = 16 weight rows x ks bytes, row-major as stored: int8 tile-loaded straight from the
 // mapped codes (stride K), int4 nibbles spread to bytes row by row (no transpose); B = the
@@ -324,12 +328,24 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
 // row e / T, token e % T (e = 16 v + lane); the per-token scales and the per-row weight
 // scales reach it by a permute.  Same operations and order per element as the big path.
 
-// Smallest T that takes the swapped tiles (below it: avx512).  See the table in the
-// report of 2026-12-01; measured in the whole SmolLM2 forward.
-constexpr int64_t kSmallMinTokens = 2;
+// The token counts that take the swapped tiles, per weight encoding (outside: avx512 below,
+// the big path above).  Measured on 2026-12-01, SmolLM2-135M's shapes (30 layers of
+// q/k/v/o/gate/up/down and the 49152 x 576 int8 head, ga 32), one thread, amx vs avx512
+// in turn, ms per forward (/tmp/amx-small-shapes.py in the report):
+//   int4-g32 layers T = 6/7/8/12: 7.2/8.2/8.5/10.3 vs 7.2/8.1/10.1/14.3
+//   int8 layers     T = 3/4/8/16: 4.1/4.4/5.5/7.8  vs 4.1/5.1/9.9/20.1 (big path at 16: 10.4)
+//   int8 head       T = 3/4/6/16: 1.4/1.5/1.7/2.7  vs 1.1/1.4/1.9/6.2  (big path at 16: 5.7)
+// int4 pays from T = 8 only: its rows are spread from nibbles and stored for the tile
+// loads, about the work of avx512's whole GEMV at T = 2..4.  A software prefetch of the
+// rows ahead made both encodings slower (the load ports are the limit, not memory).
+constexpr int64_t kSmallMinI4 = 8, kSmallMaxI4 = 15;
+constexpr int64_t kSmallMinI8 = 4, kSmallMaxI8 = 16;
+static_assert(kSmallMaxI4 < kMinTokens && kSmallMaxI8 <= 16, "the swapped tiles hold <= 16 tokens");
 
 bool use_small(const WeightView& w, const ActQ8& x) {
-    return x.T >= kSmallMinTokens && x.T < kMinTokens && plan_for(w, x.group).ok;
+    const bool i8 = w.enc == WEnc::i8;
+    const int64_t lo = i8 ? kSmallMinI8 : kSmallMinI4, hi = i8 ? kSmallMaxI8 : kSmallMaxI4;
+    return x.T >= lo && x.T <= hi && plan_for(w, x.group).ok;
 }
 
 // The prep of the swapped path (T tokens): codes [K/4][T][4] bytes, then the activation
@@ -577,6 +593,7 @@ void small_gemm_t(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, c
         EDGEPACK_SMALL_CASE(13)
         EDGEPACK_SMALL_CASE(14)
         EDGEPACK_SMALL_CASE(15)
+        EDGEPACK_SMALL_CASE(16)
 #undef EDGEPACK_SMALL_CASE
         default:
             return;
