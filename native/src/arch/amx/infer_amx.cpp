@@ -338,8 +338,8 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
 // int4 pays from T = 8 only: its rows are spread from nibbles and stored for the tile
 // loads, about the work of avx512's whole GEMV at T = 2..4.  A software prefetch of the
 // rows ahead made both encodings slower (the load ports are the limit, not memory).
-constexpr int64_t kSmallMinI4 = 2, kSmallMaxI4 = 15;
-constexpr int64_t kSmallMinI8 = 2, kSmallMaxI8 = 16;
+constexpr int64_t kSmallMinI4 = 8, kSmallMaxI4 = 15;
+constexpr int64_t kSmallMinI8 = 4, kSmallMaxI8 = 16;
 static_assert(kSmallMaxI4 < kMinTokens && kSmallMaxI8 <= 16, "the swapped tiles hold <= 16 tokens");
 
 bool use_small(const WeightView& w, const ActQ8& x) {
@@ -348,51 +348,32 @@ bool use_small(const WeightView& w, const ActQ8& x) {
     return x.T >= lo && x.T <= hi && plan_for(w, x.group).ok;
 }
 
-// Pairs: where blocks are 32 elements (ks 32), T in {2, 4, 8} and K a multiple of 64, one
-// TDPBSSD takes two blocks: A = 64 bytes of the rows, B block-diagonal (token t's quads of
-// block j in column j * T + t, zeros elsewhere), C = 16 rows x [2 blocks][T] sums.  Half
-// the tile work (a tile op costs the same for 32 or 64 bytes, 2 or 16 columns).
-bool pairs(const Plan& p, int64_t K, int64_t T) {
-    return p.block == 32 && p.ks == 32 && K % 64 == 0 && (T == 2 || T == 4 || T == 8);
-}
-
-// The prep of the swapped path (T tokens): codes [K/4][J * T][4] bytes (J = 2 for pairs,
-// block-diagonal), then the activation scales [K / ga][T] floats, then (asym) the block code
-// sums [K / B][T] floats.
+// The prep of the swapped path (T tokens): codes [K/4][T][4] bytes, then the activation
+// scales [K / ga][T] floats, then (asym) the block code sums [K / B][T] floats.
 struct SmallPrep {
     int8_t* codes;
     float* scales;
     float* xsums;
 };
 
-SmallPrep small_prep_of(const ActQ8& x, int64_t J) {
+SmallPrep small_prep_of(const ActQ8& x) {
     const int64_t T = x.T, K = x.K, ns = K / x.group;
     int8_t* q = reinterpret_cast<int8_t*>(x.prep);
-    float* s = reinterpret_cast<float*>(q + J * T * K);
+    float* s = reinterpret_cast<float*>(q + T * K);
     return {q, s, s + T * ns};
 }
 
 int64_t small_prep_bytes(const WeightView& w, int64_t ga) {
     const Plan p = plan_for(w, ga);
     if (!p.ok) return 0;
-    return 2 * w.K + w.K / ga * 4 + (w.enc == WEnc::i4asym ? w.K / p.block * 4 : 0);
+    return w.K + w.K / ga * 4 + (w.enc == WEnc::i4asym ? w.K / p.block * 4 : 0);
 }
 
 void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
-    const Plan p = plan_for(w, x.group);
-    const int64_t T = x.T, K = x.K, ns = K / x.group, B = p.block, nb = K / B;
-    const int64_t J = pairs(p, K, T) ? 2 : 1;
-    const SmallPrep sp = small_prep_of(x, J);
-    // quad l of a 64-element chunk -> dword l * J T (+ T for the second block of a pair)
-    const __m512i l16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i second = _mm512_srli_epi32(l16, 3);
-    __m512i lanes = _mm512_mullo_epi32(l16, _mm512_set1_epi32(static_cast<int>(J * T)));
-    __m512i zeros = lanes;
-    if (J == 2) {
-        const __m512i tv = _mm512_set1_epi32(static_cast<int>(T));
-        zeros = _mm512_add_epi32(lanes, _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_set1_epi32(1), second), tv));
-        lanes = _mm512_add_epi32(lanes, _mm512_mullo_epi32(second, tv));
-    }
+    const int64_t T = x.T, K = x.K, ns = K / x.group, B = plan_for(w, x.group).block, nb = K / B;
+    const SmallPrep sp = small_prep_of(x);
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(T)));
     const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t t = t0; t < t1; ++t) {
         const int8_t* q = x.q + t * K;
@@ -401,8 +382,7 @@ void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
             const int64_t nq = K - k >= 64 ? 16 : (K - k) / 4;
             const __mmask16 m = static_cast<__mmask16>(nq == 16 ? 0xffff : (1u << nq) - 1u);
             const __m512i v = _mm512_maskz_loadu_epi32(m, q + k);
-            _mm512_mask_i32scatter_epi32(dst + k / 4 * J * T, m, lanes, v, 4);
-            if (J == 2) _mm512_i32scatter_epi32(dst + k / 4 * J * T, zeros, _mm512_setzero_si512(), 4);
+            _mm512_mask_i32scatter_epi32(dst + k / 4 * T, m, lanes, v, 4);
         }
         for (int64_t j = 0; j < ns; ++j) sp.scales[j * T + t] = x.s[t * ns + j];
         if (w.enc == WEnc::i4asym) {
@@ -419,8 +399,7 @@ void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
     }
 }
 
-// Tiles 0-3: C (16 rows x 4T bytes); 4, 5: A (16 rows x ks bytes); 6, 7: B (ks / 4 rows x
-// 4T); T and ks doubled for pairs.
+// Tiles 0-3: C (16 rows x 4T bytes); 4, 5: A (16 rows x ks bytes); 6, 7: B (ks / 4 rows x 4T).
 void configure_small(int64_t T, int64_t ks) {
     TileConfig c;
     for (int i = 0; i < 4; ++i) {
@@ -466,46 +445,36 @@ void unpack_rows(const WeightView& w, int64_t n, int nr, int8_t* rows) {
 
 #define EDGEPACK_SMALL_SUMS(ct, at, bt, i)                             \
     do {                                                               \
-        const int64_t k0_ = (i) * UB;                                  \
+        const int64_t k0_ = (i) * B;                                   \
         _tile_zero(ct);                                                \
-        for (int64_t k_ = k0_; k_ < k0_ + UB; k_ += uks) {             \
+        for (int64_t k_ = k0_; k_ < k0_ + B; k_ += ks) {               \
             _tile_loadd(at, arow + k_, astride);                       \
-            _tile_loadd(bt, xb + k_ * CT, 4 * CT);                     \
+            _tile_loadd(bt, xb + k_ * T, 4 * T);                       \
             _tile_dpbssd(ct, at, bt);                                  \
         }                                                              \
     } while (0)
 
-// Units: blocks (J = 1) or pairs of blocks (J = 2), UB = J B elements, CT = J T columns.
-template <int T, WEnc E, int J>
+template <int T, WEnc E>
 void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
     constexpr bool I8 = E == WEnc::i8, ASYM = E == WEnc::i4asym;
     alignas(64) int8_t rows[kMaxK * 16];
     alignas(64) float dsc[I8 ? 16 : kMaxGroups * 16];
     alignas(64) float msc[ASYM ? kMaxGroups * 16 : 16];
-    constexpr int CT = J * T;
-    alignas(64) int32_t cbuf[8][16 * CT];
+    alignas(64) int32_t cbuf[8][16 * T];
     alignas(64) int32_t ridx[T][16], tidx[T][16], gidx[T][16];
-    // pairs: C vector u lane e (g = 16 u + e) = row g / 2T, block (g / T) % 2, token g % T
-    alignas(64) int32_t sidx[CT][16], didx[CT][16], aidx[2][T][16];
     for (int e = 0; e < 16 * T; ++e) {
         ridx[e / 16][e % 16] = e / T;
         tidx[e / 16][e % 16] = e % T;
-        for (int j = 0; j < 2; ++j) aidx[j][e / 16][e % 16] = e / T * 2 * T + j * T + e % T - 32 * (e / 16);
-    }
-    for (int g = 0; g < 16 * CT; ++g) {
-        sidx[g / 16][g % 16] = g % CT;
-        didx[g / 16][g % 16] = g / CT + 16 * (g / T % 2);
     }
     for (int t = 0; t < T; ++t) {
         for (int r = 0; r < 16; ++r) gidx[t][r] = r * T + t;
     }
     const int64_t K = w.K, B = p.block, ks = p.ks, nb = K / B, ga = x.group;
-    const int64_t UB = J * B, uks = J * ks, nu = nb / J;
     const int64_t gw = I8 ? K : w.group, G = K / gw;
-    const SmallPrep sp = small_prep_of(x, J);
+    const SmallPrep sp = small_prep_of(x);
     const int8_t* xb = sp.codes;
     const __mmask16 tm = static_cast<__mmask16>((1u << T) - 1u);
-    configure_small(CT, uks);
+    configure_small(T, ks);
     for (int64_t n = n0; n < n1; n += 16) {
         const int nr = n1 - n < 16 ? static_cast<int>(n1 - n) : 16;
         const int8_t* arow = rows;
@@ -547,77 +516,36 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
                 }
             }
         };
-        // A pair unit: both blocks' products in C's layout, then added to the [row][token]
-        // accumulators block by block (a two-source permute picks each block's lanes).
-        auto combine_pair = [&](int64_t u, const int32_t* cb) {
-            const int64_t i0 = 2 * u, ja0 = i0 * B / ga, ja1 = (i0 + 1) * B / ga;
-            __m512 sv = _mm512_maskz_loadu_ps(tm, sp.scales + ja0 * T);
-            sv = _mm512_mask_expandloadu_ps(sv, static_cast<__mmask16>(tm << T), sp.scales + ja1 * T);
-            __m512 pr[CT], qr[ASYM ? CT : 1];
-            const int64_t jw0 = i0 * B / gw, jw1 = (i0 + 1) * B / gw;
-            const __m512 d0 = I8 ? sv : _mm512_load_ps(dsc + 16 * jw0), d1 = I8 ? sv : _mm512_load_ps(dsc + 16 * jw1);
-            const __m512 m0 = ASYM ? _mm512_load_ps(msc + 16 * jw0) : sv, m1 = ASYM ? _mm512_load_ps(msc + 16 * jw1) : sv;
-            const __m512 xv = ASYM ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << CT) - 1u), sp.xsums + i0 * T) : sv;
-            for (int v = 0; v < CT; ++v) {
-                const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
-                const __m512i si = _mm512_load_si512(sidx[v]);
-                const __m512 s = _mm512_permutexvar_ps(si, sv);
-                if constexpr (I8) {
-                    pr[v] = _mm512_mul_ps(s, f);
-                } else {
-                    const __m512i di = _mm512_load_si512(didx[v]);
-                    pr[v] = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_permutex2var_ps(d0, di, d1)), f);
-                    if constexpr (ASYM) {
-                        const __m512 sm = _mm512_mul_ps(s, _mm512_permutex2var_ps(m0, di, m1));
-                        qr[v] = _mm512_mul_ps(sm, _mm512_permutexvar_ps(si, xv));
-                    }
-                }
-            }
-            for (int v = 0; v < T; ++v) {
-                for (int j = 0; j < 2; ++j) {
-                    const __m512i ai = _mm512_load_si512(aidx[j][v]);
-                    acc[v] = _mm512_add_ps(acc[v], _mm512_permutex2var_ps(pr[2 * v], ai, pr[2 * v + 1]));
-                    if constexpr (ASYM) acc[v] = _mm512_add_ps(acc[v], _mm512_permutex2var_ps(qr[2 * v], ai, qr[2 * v + 1]));
-                }
-            }
-        };
-        // Pairs of units (2s, 2s + 1) alternate between C tiles 0, 1 and 2, 3; a pair's
+        // Pairs of blocks (2s, 2s + 1) alternate between C tiles 0, 1 and 2, 3; a pair's
         // sums are issued one pair ahead and combined two pairs after their store (a
         // vector load right after a tile store waits for it), in block order.
         auto issue = [&](int64_t s) {
             const int64_t i = 2 * s;
             if (s & 1) {
                 EDGEPACK_SMALL_SUMS(2, 4, 6, i);
-                if (i + 1 < nu) EDGEPACK_SMALL_SUMS(3, 5, 7, i + 1);
+                if (i + 1 < nb) EDGEPACK_SMALL_SUMS(3, 5, 7, i + 1);
             } else {
                 EDGEPACK_SMALL_SUMS(0, 4, 6, i);
-                if (i + 1 < nu) EDGEPACK_SMALL_SUMS(1, 5, 7, i + 1);
+                if (i + 1 < nb) EDGEPACK_SMALL_SUMS(1, 5, 7, i + 1);
             }
         };
         auto store = [&](int64_t s) {
             int32_t* cb = cbuf[2 * (s & 3)];
-            const bool two = 2 * s + 1 < nu;
+            const bool two = 2 * s + 1 < nb;
             if (s & 1) {
-                _tile_stored(2, cb, 4 * CT);
-                if (two) _tile_stored(3, cb + 16 * CT, 4 * CT);
+                _tile_stored(2, cb, 4 * T);
+                if (two) _tile_stored(3, cb + 16 * T, 4 * T);
             } else {
-                _tile_stored(0, cb, 4 * CT);
-                if (two) _tile_stored(1, cb + 16 * CT, 4 * CT);
-            }
-        };
-        auto unit = [&](int64_t i, const int32_t* cb) {
-            if constexpr (J == 2) {
-                combine_pair(i, cb);
-            } else {
-                combine(i, cb);
+                _tile_stored(0, cb, 4 * T);
+                if (two) _tile_stored(1, cb + 16 * T, 4 * T);
             }
         };
         auto drain = [&](int64_t s) {
             const int32_t* cb = cbuf[2 * (s & 3)];
-            unit(2 * s, cb);
-            if (2 * s + 1 < nu) unit(2 * s + 1, cb + 16 * CT);
+            combine(2 * s, cb);
+            if (2 * s + 1 < nb) combine(2 * s + 1, cb + 16 * T);
         };
-        const int64_t np = (nu + 1) / 2;
+        const int64_t np = (nb + 1) / 2;
         issue(0);
         for (int64_t s = 0; s < np; ++s) {
             if (s + 1 < np) issue(s + 1);
@@ -647,15 +575,10 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
 
 template <WEnc E>
 void small_gemm_t(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
-    if (pairs(p, w.K, x.T)) {
-        if (x.T == 2) return small_gemm<2, E, 2>(w, x, n0, n1, out, p);
-        if (x.T == 4) return small_gemm<4, E, 2>(w, x, n0, n1, out, p);
-        return small_gemm<8, E, 2>(w, x, n0, n1, out, p);
-    }
     switch (x.T) {
 #define EDGEPACK_SMALL_CASE(t) \
     case t:                    \
-        return small_gemm<t, E, 1>(w, x, n0, n1, out, p);
+        return small_gemm<t, E>(w, x, n0, n1, out, p);
         EDGEPACK_SMALL_CASE(2)
         EDGEPACK_SMALL_CASE(3)
         EDGEPACK_SMALL_CASE(4)
