@@ -338,6 +338,9 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
 // int4 pays from T = 8 only: its rows are spread from nibbles and stored for the tile
 // loads, about the work of avx512's whole GEMV at T = 2..4.  A software prefetch of the
 // rows ahead made both encodings slower (the load ports are the limit, not memory).
+// Tried and reverted (commit 3405e44): two 32-element blocks per TDPBSSD (block-diagonal
+// activations), half the tile work: int4 T = 2/4 5.9/6.7, int8 T = 4/8 4.6/5.3 ms, no gain
+// at the crossover (the extra permutes eat it).
 constexpr int64_t kSmallMinI4 = 8, kSmallMaxI4 = 15;
 constexpr int64_t kSmallMinI8 = 4, kSmallMaxI8 = 16;
 static_assert(kSmallMaxI4 < kMinTokens && kSmallMaxI8 <= 16, "the swapped tiles hold <= 16 tokens");
