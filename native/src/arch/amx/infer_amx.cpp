@@ -1,9 +1,11 @@
 // AMX (AMX-TILE + AMX-INT8) int8-activation GEMM, bit-identical to ref::q8_gemm.
 //
 // Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
-// tiles do not cover and for token counts where the VNNI kernels are faster (T < kMinTokens).
+// tiles do not cover and for token counts where the VNNI kernels are faster (use_small's
+// lower bounds).  Two tile layouts: few tokens (T <= 16, "swapped", below) take the weights
+// as the A tile; many (T >= kMinTokens, unless swapped) take them as B:
 //
-// Tiles: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
+// Big path: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
 // K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
 // stored; int4 nibbles unpacked to nib - 8 (sym) or nib (asym)), repacked once per panel
 // and reused by every token tile; C = 16 tokens x 16 rows of exact int32 block sums (one
@@ -22,8 +24,8 @@ namespace edgepack {
 namespace infer {
 namespace {
 
-// Smallest token count that takes the tiles: below it the VNNI kernels are faster, since
-// every call repacks each weight panel (a fixed cost per call that only many token tiles
+// Smallest token count that takes the big path (use_small goes first): below it the
+// swapped tiles or the VNNI kernels are faster, since every call repacks each weight panel (a fixed cost per call that only many token tiles
 // pay back).  Measured on 2026-12-01 in the whole SmolLM2 forward (one pass of T tokens
 // after 200, 2 threads, amx vs avx512 in turn): int4-g32 T = 4 12.1 vs 7.7 ms, T = 8 14.8
 // vs 12.7, T = 12 18.2 vs 17.4, T = 16 19.4 vs 21.2; the int8 package crosses between 12
@@ -61,6 +63,8 @@ Plan plan_for(const WeightView& w, int64_t ga) {
 bool use_tiles(const WeightView& w, const ActQ8& x) {
     return x.T >= kMinTokens && plan_for(w, x.group).ok;
 }
+
+bool use_small(const WeightView& w, const ActQ8& x);
 
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
@@ -314,6 +318,291 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
     if (configured != 0) _tile_release();
 }
 
+// ---- Few tokens (use_small: T = 4..16 int8, 8..15 int4): the roles swapped ----
+//
+// A = 16 weight rows x ks bytes, row-major as stored: int8 tile-loaded straight from the
+// mapped codes (stride K), int4 nibbles spread to bytes row by row (no transpose); B = the
+// T tokens' codes in the VNNI layout [K/4][T][4], transposed once per call by q8_prep;
+// C = 16 rows x T tokens of exact int32 block sums, stored densely ([row][token], 4T bytes
+// a row: T vectors of 16 lanes) and combined in that layout.  Lane e of vector v holds
+// row e / T, token e % T (e = 16 v + lane); the per-token scales and the per-row weight
+// scales reach it by a permute.  Same operations and order per element as the big path.
+
+// The token counts that take the swapped tiles, per weight encoding (outside: avx512 below,
+// the big path above).  Measured on 2026-12-01, SmolLM2-135M's shapes (30 layers of
+// q/k/v/o/gate/up/down and the 49152 x 576 int8 head, ga 32), one thread, amx vs avx512
+// in turn, ms per forward (/tmp/amx-small-shapes.py in the report):
+//   int4-g32 layers T = 6/7/8/12: 7.2/8.2/8.5/10.3 vs 7.2/8.1/10.1/14.3
+//   int8 layers     T = 3/4/8/16: 4.1/4.4/5.5/7.8  vs 4.1/5.1/9.9/20.1 (big path at 16: 10.4)
+//   int8 head       T = 3/4/6/16: 1.4/1.5/1.7/2.7  vs 1.1/1.4/1.9/6.2  (big path at 16: 5.7)
+// int4 pays from T = 8 only: its rows are spread from nibbles and stored for the tile
+// loads, about the work of avx512's whole GEMV at T = 2..4.  A software prefetch of the
+// rows ahead made both encodings slower (the load ports are the limit, not memory).
+// Tried and reverted (commit 3405e44): two 32-element blocks per TDPBSSD (block-diagonal
+// activations), half the tile work: int4 T = 2/4 5.9/6.7, int8 T = 4/8 4.6/5.3 ms, no gain
+// at the crossover (the extra permutes eat it).
+constexpr int64_t kSmallMinI4 = 8, kSmallMaxI4 = 15;
+constexpr int64_t kSmallMinI8 = 4, kSmallMaxI8 = 16;
+static_assert(kSmallMaxI4 < kMinTokens && kSmallMaxI8 <= 16, "the swapped tiles hold <= 16 tokens");
+
+bool use_small(const WeightView& w, const ActQ8& x) {
+    const bool i8 = w.enc == WEnc::i8;
+    const int64_t lo = i8 ? kSmallMinI8 : kSmallMinI4, hi = i8 ? kSmallMaxI8 : kSmallMaxI4;
+    return x.T >= lo && x.T <= hi && plan_for(w, x.group).ok;
+}
+
+// The prep of the swapped path (T tokens): codes [K/4][T][4] bytes, then the activation
+// scales [K / ga][T] floats, then (asym) the block code sums [K / B][T] floats.
+struct SmallPrep {
+    int8_t* codes;
+    float* scales;
+    float* xsums;
+};
+
+SmallPrep small_prep_of(const ActQ8& x) {
+    const int64_t T = x.T, K = x.K, ns = K / x.group;
+    int8_t* q = reinterpret_cast<int8_t*>(x.prep);
+    float* s = reinterpret_cast<float*>(q + T * K);
+    return {q, s, s + T * ns};
+}
+
+int64_t small_prep_bytes(const WeightView& w, int64_t ga) {
+    const Plan p = plan_for(w, ga);
+    if (!p.ok) return 0;
+    return w.K + w.K / ga * 4 + (w.enc == WEnc::i4asym ? w.K / p.block * 4 : 0);
+}
+
+void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    const int64_t T = x.T, K = x.K, ns = K / x.group, B = plan_for(w, x.group).block, nb = K / B;
+    const SmallPrep sp = small_prep_of(x);
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(T)));
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t t = t0; t < t1; ++t) {
+        const int8_t* q = x.q + t * K;
+        int32_t* dst = reinterpret_cast<int32_t*>(sp.codes) + t;
+        for (int64_t k = 0; k < K; k += 64) {
+            const int64_t nq = K - k >= 64 ? 16 : (K - k) / 4;
+            const __mmask16 m = static_cast<__mmask16>(nq == 16 ? 0xffff : (1u << nq) - 1u);
+            const __m512i v = _mm512_maskz_loadu_epi32(m, q + k);
+            _mm512_mask_i32scatter_epi32(dst + k / 4 * T, m, lanes, v, 4);
+        }
+        for (int64_t j = 0; j < ns; ++j) sp.scales[j * T + t] = x.s[t * ns + j];
+        if (w.enc == WEnc::i4asym) {
+            for (int64_t i = 0; i < nb; ++i) {  // B is a multiple of 4 <= K
+                __m512i acc = _mm512_setzero_si512();
+                for (int64_t k = i * B; k < (i + 1) * B; k += 64) {
+                    const int64_t left = (i + 1) * B - k < 64 ? (i + 1) * B - k : 64;
+                    const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
+                    acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(m, q + k));
+                }
+                sp.xsums[i * T + t] = static_cast<float>(_mm512_reduce_add_epi32(acc));
+            }
+        }
+    }
+}
+
+// Tiles 0-3: C (16 rows x 4T bytes); 4, 5: A (16 rows x ks bytes); 6, 7: B (ks / 4 rows x 4T).
+void configure_small(int64_t T, int64_t ks) {
+    TileConfig c;
+    for (int i = 0; i < 4; ++i) {
+        c.rows[i] = 16;
+        c.colsb[i] = static_cast<uint16_t>(4 * T);
+    }
+    for (int i = 4; i < 6; ++i) {
+        c.rows[i] = 16;
+        c.colsb[i] = static_cast<uint16_t>(ks);
+        c.rows[2 + i] = static_cast<uint8_t>(ks / 4);
+        c.colsb[2 + i] = static_cast<uint16_t>(4 * T);
+    }
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+
+// Rows [n, n + nr) as signed bytes, row-major with stride K (rows nr..15 zero): int8
+// copied (only for a tail panel), int4 spread from nibbles (low nibble = even element).
+template <WEnc E>
+void unpack_rows(const WeightView& w, int64_t n, int nr, int8_t* rows) {
+    const int64_t K = w.K;
+    if constexpr (E == WEnc::i8) {
+        std::memcpy(rows, static_cast<const int8_t*>(w.codes) + n * K, static_cast<size_t>(nr * K));
+    } else {
+        const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * (K / 2);
+        const __m512i m4 = _mm512_set1_epi16(0x0f0f);
+        const __m512i eight = _mm512_set1_epi8(8);
+        for (int r = 0; r < nr; ++r) {
+            const uint8_t* src = base + r * (K / 2);
+            int8_t* dst = rows + r * K;
+            for (int64_t k = 0; k < K; k += 64) {
+                const int64_t left = K - k < 64 ? K - k : 64;  // a multiple of 8
+                const __mmask32 mb = left == 64 ? ~__mmask32{0} : (1u << (left / 2)) - 1u;
+                const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mb, src + k / 2));
+                __m512i v = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
+                if constexpr (E == WEnc::i4sym) v = _mm512_sub_epi8(v, eight);
+                const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
+                _mm512_mask_storeu_epi8(dst + k, m, v);
+            }
+        }
+    }
+    if (nr < 16) std::memset(rows + nr * K, 0, static_cast<size_t>((16 - nr) * K));
+}
+
+#define EDGEPACK_SMALL_SUMS(ct, at, bt, i)                             \
+    do {                                                               \
+        const int64_t k0_ = (i) * B;                                   \
+        _tile_zero(ct);                                                \
+        for (int64_t k_ = k0_; k_ < k0_ + B; k_ += ks) {               \
+            _tile_loadd(at, arow + k_, astride);                       \
+            _tile_loadd(bt, xb + k_ * T, 4 * T);                       \
+            _tile_dpbssd(ct, at, bt);                                  \
+        }                                                              \
+    } while (0)
+
+template <int T, WEnc E>
+void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
+    constexpr bool I8 = E == WEnc::i8, ASYM = E == WEnc::i4asym;
+    alignas(64) int8_t rows[kMaxK * 16];
+    alignas(64) float dsc[I8 ? 16 : kMaxGroups * 16];
+    alignas(64) float msc[ASYM ? kMaxGroups * 16 : 16];
+    alignas(64) int32_t cbuf[8][16 * T];
+    alignas(64) int32_t ridx[T][16], tidx[T][16], gidx[T][16];
+    for (int e = 0; e < 16 * T; ++e) {
+        ridx[e / 16][e % 16] = e / T;
+        tidx[e / 16][e % 16] = e % T;
+    }
+    for (int t = 0; t < T; ++t) {
+        for (int r = 0; r < 16; ++r) gidx[t][r] = r * T + t;
+    }
+    const int64_t K = w.K, B = p.block, ks = p.ks, nb = K / B, ga = x.group;
+    const int64_t gw = I8 ? K : w.group, G = K / gw;
+    const SmallPrep sp = small_prep_of(x);
+    const int8_t* xb = sp.codes;
+    const __mmask16 tm = static_cast<__mmask16>((1u << T) - 1u);
+    configure_small(T, ks);
+    for (int64_t n = n0; n < n1; n += 16) {
+        const int nr = n1 - n < 16 ? static_cast<int>(n1 - n) : 16;
+        const int8_t* arow = rows;
+        const int64_t astride = K;
+        if (I8 && nr == 16) {
+            arow = static_cast<const int8_t*>(w.codes) + n * K;
+        } else {
+            unpack_rows<E>(w, n, nr, rows);
+        }
+        if constexpr (!I8) {
+            transpose_scales(w.scales_f16, n, nr, G, dsc);
+            if (ASYM) transpose_scales(w.zeros_f16, n, nr, G, msc);
+        }
+        __m512 acc[T];
+        for (int v = 0; v < T; ++v) acc[v] = _mm512_setzero_ps();
+        auto combine = [&](int64_t i, const int32_t* cb) {
+            const int64_t b0 = i * B, ja = b0 / ga;
+            const __m512 sv = _mm512_maskz_loadu_ps(tm, sp.scales + ja * T);
+            if constexpr (I8) {
+                for (int v = 0; v < T; ++v) {
+                    const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
+                    const __m512 s = _mm512_permutexvar_ps(_mm512_load_si512(tidx[v]), sv);
+                    acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(s, f));
+                }
+            } else {
+                const int64_t jw = b0 / gw;
+                const __m512 dv = _mm512_load_ps(dsc + 16 * jw);
+                const __m512 mv = ASYM ? _mm512_load_ps(msc + 16 * jw) : dv;
+                const __m512 xv = ASYM ? _mm512_maskz_loadu_ps(tm, sp.xsums + i * T) : dv;
+                for (int v = 0; v < T; ++v) {
+                    const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
+                    const __m512i ti = _mm512_load_si512(tidx[v]), ri = _mm512_load_si512(ridx[v]);
+                    const __m512 s = _mm512_permutexvar_ps(ti, sv);
+                    acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(_mm512_mul_ps(s, _mm512_permutexvar_ps(ri, dv)), f));
+                    if (ASYM) {
+                        const __m512 sm = _mm512_mul_ps(s, _mm512_permutexvar_ps(ri, mv));
+                        acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(sm, _mm512_permutexvar_ps(ti, xv)));
+                    }
+                }
+            }
+        };
+        // Pairs of blocks (2s, 2s + 1) alternate between C tiles 0, 1 and 2, 3; a pair's
+        // sums are issued one pair ahead and combined two pairs after their store (a
+        // vector load right after a tile store waits for it), in block order.
+        auto issue = [&](int64_t s) {
+            const int64_t i = 2 * s;
+            if (s & 1) {
+                EDGEPACK_SMALL_SUMS(2, 4, 6, i);
+                if (i + 1 < nb) EDGEPACK_SMALL_SUMS(3, 5, 7, i + 1);
+            } else {
+                EDGEPACK_SMALL_SUMS(0, 4, 6, i);
+                if (i + 1 < nb) EDGEPACK_SMALL_SUMS(1, 5, 7, i + 1);
+            }
+        };
+        auto store = [&](int64_t s) {
+            int32_t* cb = cbuf[2 * (s & 3)];
+            const bool two = 2 * s + 1 < nb;
+            if (s & 1) {
+                _tile_stored(2, cb, 4 * T);
+                if (two) _tile_stored(3, cb + 16 * T, 4 * T);
+            } else {
+                _tile_stored(0, cb, 4 * T);
+                if (two) _tile_stored(1, cb + 16 * T, 4 * T);
+            }
+        };
+        auto drain = [&](int64_t s) {
+            const int32_t* cb = cbuf[2 * (s & 3)];
+            combine(2 * s, cb);
+            if (2 * s + 1 < nb) combine(2 * s + 1, cb + 16 * T);
+        };
+        const int64_t np = (nb + 1) / 2;
+        issue(0);
+        for (int64_t s = 0; s < np; ++s) {
+            if (s + 1 < np) issue(s + 1);
+            store(s);
+            if (s >= 2) drain(s - 2);
+        }
+        if (np >= 2) drain(np - 2);
+        drain(np - 1);
+        alignas(64) float ab[16 * T];
+        const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
+        const __m512 ws = I8 ? _mm512_maskz_loadu_ps(rm, w.scales_f32 + n) : _mm512_setzero_ps();
+        for (int v = 0; v < T; ++v) {
+            const __m512 a = I8 ? _mm512_mul_ps(acc[v], _mm512_permutexvar_ps(_mm512_load_si512(ridx[v]), ws)) : acc[v];
+            _mm512_store_ps(ab + 16 * v, a);
+        }
+        for (int t = 0; t < T; ++t) {
+            __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rm, _mm512_load_si512(gidx[t]), ab, 4);
+            if (out.bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rm, out.bias + n));
+            if (out.residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rm, out.residual + t * out.ldr + n));
+            _mm512_mask_storeu_ps(out.y + t * out.ldy + n, rm, v);
+        }
+    }
+    _tile_release();
+}
+
+#undef EDGEPACK_SMALL_SUMS
+
+template <WEnc E>
+void small_gemm_t(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
+    switch (x.T) {
+#define EDGEPACK_SMALL_CASE(t) \
+    case t:                    \
+        return small_gemm<t, E>(w, x, n0, n1, out, p);
+        EDGEPACK_SMALL_CASE(2)
+        EDGEPACK_SMALL_CASE(3)
+        EDGEPACK_SMALL_CASE(4)
+        EDGEPACK_SMALL_CASE(5)
+        EDGEPACK_SMALL_CASE(6)
+        EDGEPACK_SMALL_CASE(7)
+        EDGEPACK_SMALL_CASE(8)
+        EDGEPACK_SMALL_CASE(9)
+        EDGEPACK_SMALL_CASE(10)
+        EDGEPACK_SMALL_CASE(11)
+        EDGEPACK_SMALL_CASE(12)
+        EDGEPACK_SMALL_CASE(13)
+        EDGEPACK_SMALL_CASE(14)
+        EDGEPACK_SMALL_CASE(15)
+        EDGEPACK_SMALL_CASE(16)
+#undef EDGEPACK_SMALL_CASE
+        default:
+            return;
+    }
+}
+
 const InferTable& base() { return avx512_infer_table(); }
 
 // Asym only: float(sum of the block's activation codes) per token and block.
@@ -344,16 +633,23 @@ void tile_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
 }
 
 int64_t q8_prep_bytes(const WeightView& w, int64_t ga) {
-    const int64_t a = base().q8_prep_bytes(w, ga), b = tile_prep_bytes(w, ga);
-    return a > b ? a : b;
+    const int64_t a = base().q8_prep_bytes(w, ga), b = tile_prep_bytes(w, ga), c = small_prep_bytes(w, ga);
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
 void q8_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
+    if (use_small(w, x)) return small_prep(w, x, t0, t1);
     if (use_tiles(w, x)) return tile_prep(w, x, t0, t1);
     base().q8_prep(w, x, t0, t1);
 }
 
 void q8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    if (use_small(w, x)) {
+        const Plan p = plan_for(w, x.group);
+        if (w.enc == WEnc::i8) return small_gemm_t<WEnc::i8>(w, x, n0, n1, out, p);
+        if (w.enc == WEnc::i4asym) return small_gemm_t<WEnc::i4asym>(w, x, n0, n1, out, p);
+        return small_gemm_t<WEnc::i4sym>(w, x, n0, n1, out, p);
+    }
     if (!use_tiles(w, x)) return base().q8_gemm(w, x, n0, n1, out);
     const Plan p = plan_for(w, x.group);
     if (w.enc == WEnc::i8) return tiles_gemm<true, false>(w, x, n0, n1, out, p);
