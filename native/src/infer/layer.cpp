@@ -211,11 +211,11 @@ struct Runner {
         if (l.rank > 0) add_lora(l, in, y);
     }
 
-    // apply() of n linears reading the same input (q/k/v, gate/up): a decode step's int8
-    // products as one pool job (matmul_q8_one_token: each output's bits, one barrier);
-    // anything else (several tokens, float or low-rank weights, adapters) one by one.
+    // apply() of n linears reading the same input (q/k/v, gate/up): a small pass's int8
+    // products as one pool job (matmul_q8_shared: each output's bits, one barrier);
+    // anything else (large passes, float or low-rank weights, adapters) one by one.
     void apply_all(const Lin* const* ls, const Act* ins, float* const* ys, int n) {
-        bool one_job = a.T == 1 && n <= kOneTokenMaxWeights;
+        bool one_job = n <= kSharedMaxWeights && ins[0].q != nullptr && matmul_q8_shared_fits(act_q8(ins[0], ls[0]->K));
         for (int i = 0; i < n && one_job; ++i) {
             const Lin& l = *ls[i];
             one_job = l.u == nullptr && l.rank == 0 && l.quantized && ins[i].q != nullptr && ins[i].q == ins[0].q &&
@@ -225,8 +225,8 @@ struct Runner {
             for (int i = 0; i < n; ++i) apply(*ls[i], ins[i], ys[i], nullptr);
             return;
         }
-        const WeightView* ws[kOneTokenMaxWeights];
-        GemmOut outs[kOneTokenMaxWeights];
+        const WeightView* ws[kSharedMaxWeights];
+        GemmOut outs[kSharedMaxWeights];
         for (int i = 0; i < n; ++i) {
             ws[i] = ls[i]->w;
             outs[i].y = ys[i];
@@ -234,7 +234,7 @@ struct Runner {
             outs[i].ldr = ls[i]->N;
             outs[i].bias = ls[i]->bias;
         }
-        matmul_q8_one_token(ws, outs, n, act_q8(ins[0], ls[0]->K));
+        matmul_q8_shared(ws, outs, n, act_q8(ins[0], ls[0]->K));
     }
 
     ActQ8 act_q8(const Act& in, int64_t K) const {

@@ -190,9 +190,11 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
     pool().parallel_for(w.N, 16, [&](int64_t n0, int64_t n1) { tb.q8_gemm(w, x, n0, n1, out); }, 2);
 }
 
-void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
-    constexpr int kMax = kOneTokenMaxWeights;
-    if (n < 1 || n > kMax || xin.T != 1) throw std::logic_error("matmul_q8_one_token: 1..4 weights, one token");
+bool matmul_q8_shared_fits(const ActQ8& x) { return x.T >= 1 && x.T * x.K < kParallelMin; }
+
+void matmul_q8_shared(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
+    constexpr int kMax = kSharedMaxWeights;
+    if (n < 1 || n > kMax || !matmul_q8_shared_fits(xin)) throw std::logic_error("matmul_q8_shared: 1..4 weights, a small pass");
     const InferTable& tb = active();
     struct Task {
         int w;
@@ -213,7 +215,7 @@ void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n
         job.x[i] = xin;
         const int64_t pb = tb.q8_prep_bytes(*ws[i], xin.group);
         job.x[i].prep_stride = pb;
-        off += (pb + 63) & ~int64_t{63};
+        off += (xin.T * pb + 63) & ~int64_t{63};
     }
     uint8_t* prep = scratch(0, std::max<int64_t>(off, 1));
     off = 0;
@@ -221,11 +223,11 @@ void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n
         const WeightView& w = *ws[i];
         if (job.x[i].prep_stride > 0) {
             job.x[i].prep = prep + off;
-            off += (job.x[i].prep_stride + 63) & ~int64_t{63};
-            tb.q8_prep(w, job.x[i], 0, 1);
+            off += (xin.T * job.x[i].prep_stride + 63) & ~int64_t{63};
+            tb.q8_prep(w, job.x[i], 0, xin.T);  // serial, as matmul_q8 at this size
         }
         // matmul_q8's split of this weight (one chunk where it runs on one thread)
-        const int64_t chunks = w.N * w.K < 8 * kParallelMin ? 1 : pool().chunk_count(w.N, 16, 2);
+        const int64_t chunks = w.N * w.K * xin.T < 8 * kParallelMin ? 1 : pool().chunk_count(w.N, 16, 2);
         for (int64_t c = 0; c < chunks; ++c) job.tasks.push_back({i, c * w.N / chunks, (c + 1) * w.N / chunks});
     }
     pool().run(static_cast<int64_t>(job.tasks.size()), [](void* p, int64_t t) {
