@@ -18,6 +18,7 @@
 
 #include "../../fp16.h"
 #include "../../infer/infer.h"
+#include "transpose16.h"
 
 namespace edgepack {
 namespace infer {
@@ -541,31 +542,6 @@ inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTur
 // The weight stream is prefetched one tile (16 rows) ahead, a block's 4 rows at a time
 // between the blocks' arithmetic: 16 prefetches at once stall on the line fill buffers.
 constexpr int64_t kTurnedPrefetchRows = 16;
-
-// The 16 x 16 dword transposition: v[r] lane l = A[r][l] becomes v[l] lane r = A[r][l].
-inline void transpose16(__m512i (&v)[16]) {
-    __m512i b[16], c[16];
-    for (int r = 0; r < 16; r += 2) {
-        b[r] = _mm512_unpacklo_epi32(v[r], v[r + 1]);
-        b[r + 1] = _mm512_unpackhi_epi32(v[r], v[r + 1]);
-    }
-    for (int q = 0; q < 16; q += 4) {  // c[q + m], 128-bit lane k: dword 4k + m of rows q..q+3
-        c[q] = _mm512_unpacklo_epi64(b[q], b[q + 2]);
-        c[q + 1] = _mm512_unpackhi_epi64(b[q], b[q + 2]);
-        c[q + 2] = _mm512_unpacklo_epi64(b[q + 1], b[q + 3]);
-        c[q + 3] = _mm512_unpackhi_epi64(b[q + 1], b[q + 3]);
-    }
-    for (int m = 0; m < 4; ++m) {  // the 4 x 4 transposition of 128-bit lanes of c[m], c[4+m], c[8+m], c[12+m]
-        const __m512i t0 = _mm512_shuffle_i32x4(c[m], c[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i t1 = _mm512_shuffle_i32x4(c[m], c[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512i t2 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i t3 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
-        v[m] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));
-        v[4 + m] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
-        v[8 + m] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
-        v[12 + m] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-}
 
 inline __m512i bcast32(const uint8_t* p) {
     int32_t v;
