@@ -525,7 +525,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 
 // ---- int4 weights, 32-blocks, passes of a few tokens (prompt lookup's verify passes) ----
 // i4_kernel's work per (row, token) is a decode step's: per 32-block a horizontal sum of
-// four int32 lanes and a float step on a quarter of a vector.  A pass of T = 6..16 tokens
+// four int32 lanes and a float step on a quarter of a vector.  A pass of T = 4..16 tokens
 // pays that T times while it unpacks each weight chunk only once, so here the weights are
 // turned instead: 16 rows' code dwords are transposed once per chunk (lane = row), and
 // each vpdpbusd then takes 4 bytes of one block of one token broadcast to all 16 rows.
@@ -533,9 +533,10 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // reference's acc = acc + (s * d) * float(isum) runs on whole vectors of 16 rows, block by
 // block in order: the same operations as ref::q8_row, so the same bits.  Sym weights,
 // B = 32 (min(activation group, weight group)); the activations in i4_prep's layout.
-// From 6 tokens on (measured: at 3 to 5 the weight stream, not the arithmetic, sets the
-// pace, and i4_kernel keeps up with it as well).
-constexpr int64_t kTurnedMinT = 6, kTurnedMaxT = 16;
+// From 4 tokens on (measured on SmolLM2 int4 g32, 2 threads: at 4 and 5 tokens a pass is
+// ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
+// i4_kernel keeps up with it as well).
+constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16;
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
 
