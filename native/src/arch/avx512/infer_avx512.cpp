@@ -536,7 +536,7 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // From 4 tokens on (measured on SmolLM2 int4 g32, 2 threads: at 4 and 5 tokens a pass is
 // ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
 // i4_kernel keeps up with it as well).
-constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16;
+constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16, kTurnedTile = 12;
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
 
@@ -638,7 +638,8 @@ inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
     }
 }
 
-// Whole tiles of 16 rows, all T tokens in one tile (two of at most 8 above 8 tokens); the
+// Whole tiles of 16 rows, all T tokens in one tile (two above kTurnedTile tokens: the
+// accumulators of more would not stay in registers); the
 // rows of a last partial tile in i4_kernel's tiles.
 template <bool ASYM, bool GROUPED, Blocks BL>
 void i4_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
@@ -651,10 +652,14 @@ void i4_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1,
             case 5: return i4_turned_kernel<5, GROUPED>(w, x, t0, n, out);
             case 6: return i4_turned_kernel<6, GROUPED>(w, x, t0, n, out);
             case 7: return i4_turned_kernel<7, GROUPED>(w, x, t0, n, out);
-            default: return i4_turned_kernel<8, GROUPED>(w, x, t0, n, out);
+            case 8: return i4_turned_kernel<8, GROUPED>(w, x, t0, n, out);
+            case 9: return i4_turned_kernel<9, GROUPED>(w, x, t0, n, out);
+            case 10: return i4_turned_kernel<10, GROUPED>(w, x, t0, n, out);
+            case 11: return i4_turned_kernel<11, GROUPED>(w, x, t0, n, out);
+            default: return i4_turned_kernel<12, GROUPED>(w, x, t0, n, out);
         }
     };
-    const int64_t T = x.T, first = T <= 8 ? T : (T + 1) / 2;
+    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
     int64_t n = n0;
     for (; n + 16 <= n1; n += 16) {
         tile(0, first, n);
