@@ -329,6 +329,8 @@ Q8_CASES = [
     ("int8", 40, 1536, 0, 64),
     ("int4_sym", 70, 576, 32, 0),
     ("int4_sym", 33, 576, 32, 32),
+    ("int4_sym", 32, 576, 32, 32),  # a last tile of 16 rows (its scales read row by row)
+    ("int4_sym", 48, 640, 64, 32),
     ("int4_sym", 40, 1536, 64, 0),
     ("int4_sym", 20, 1024, 128, 64),
     ("int4_sym", 20, 96, 32, 96),
@@ -366,7 +368,7 @@ def test_matmul_q8_matches_int32_reference(isa: str, enc, N, K, gw, ga, T) -> No
 @pytest.mark.parametrize("enc,N,K,gw,ga", Q8_CASES)
 def test_matmul_q8_isas_agree_with_scalar(enc, N, K, gw, ga) -> None:
     codes, scales, zeros = make_weight(enc, N, K, gw)
-    for T in (1, 3, 5, 8, 17):  # every token tile shape: GEMV, tails, lookup tiles, GEMM
+    for T in (1, 3, 5, 8, 12, 17):  # every token tile shape: GEMV, tails, lookup tiles, GEMM
         xq, xs = q8_inputs(K, T, ga)
         res = on_each_isa(k.matmul_q8, xq, xs, ga, codes, scales, zeros, enc, gw)
         _, bound = np_matmul_q8(xq, xs, ga, enc, codes, scales, zeros, gw)

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -211,11 +212,11 @@ struct Runner {
         if (l.rank > 0) add_lora(l, in, y);
     }
 
-    // apply() of n linears reading the same input (q/k/v, gate/up): a decode step's int8
-    // products as one pool job (matmul_q8_one_token: each output's bits, one barrier);
-    // anything else (several tokens, float or low-rank weights, adapters) one by one.
+    // apply() of n linears reading the same input (q/k/v, gate/up): a small pass's int8
+    // products as one pool job (matmul_q8_shared: each output's bits, one barrier);
+    // anything else (large passes, float or low-rank weights, adapters) one by one.
     void apply_all(const Lin* const* ls, const Act* ins, float* const* ys, int n) {
-        bool one_job = a.T == 1 && n <= kOneTokenMaxWeights;
+        bool one_job = n <= kSharedMaxWeights && ins[0].q != nullptr && matmul_q8_shared_fits(act_q8(ins[0], ls[0]->K));
         for (int i = 0; i < n && one_job; ++i) {
             const Lin& l = *ls[i];
             one_job = l.u == nullptr && l.rank == 0 && l.quantized && ins[i].q != nullptr && ins[i].q == ins[0].q &&
@@ -225,8 +226,8 @@ struct Runner {
             for (int i = 0; i < n; ++i) apply(*ls[i], ins[i], ys[i], nullptr);
             return;
         }
-        const WeightView* ws[kOneTokenMaxWeights];
-        GemmOut outs[kOneTokenMaxWeights];
+        const WeightView* ws[kSharedMaxWeights];
+        GemmOut outs[kSharedMaxWeights];
         for (int i = 0; i < n; ++i) {
             ws[i] = ls[i]->w;
             outs[i].y = ys[i];
@@ -234,7 +235,7 @@ struct Runner {
             outs[i].ldr = ls[i]->N;
             outs[i].bias = ls[i]->bias;
         }
-        matmul_q8_one_token(ws, outs, n, act_q8(ins[0], ls[0]->K));
+        matmul_q8_shared(ws, outs, n, act_q8(ins[0], ls[0]->K));
     }
 
     ActQ8 act_q8(const Act& in, int64_t K) const {
@@ -877,17 +878,18 @@ void row_argmax(const float* y, int64_t rows, int64_t n, int64_t* picks) {
 // are all n, the final RMSNorm and the head of the last `rows` rows (their argmax into
 // `picks` when given): Stack.run's result. `reason`: why layer `parsed` (< n) cannot run
 // natively.
-py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int64_t parsed, int64_t n, Fallback reason,
-                    const float* normw, float eps, const Lin* head, int64_t rows, int64_t* picks) {
+py::tuple run_stack(std::vector<LayerArgs>& args, std::vector<float>& other, const PlannedArena& arena, int64_t parsed,
+                    int64_t n, Fallback reason, const float* normw, float eps, const Lin* head, int64_t rows,
+                    int64_t* picks) {
     const int64_t T = args[0].T, H = args[0].hidden;
     py::array out(py::dtype::of<float>(), std::vector<py::ssize_t>{T, H});
     float* outp = static_cast<float*>(out.mutable_data());
     py::array logits;
     if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{rows, head->N});
     float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
-    // layers alternate between `out` and one more buffer (not zero-filled: each layer writes
+    // layers alternate between `out` and `other` (grown, never zero-filled: each layer writes
     // all of its output); the final norm runs in place when the last layer wrote `out`
-    const std::unique_ptr<float[]> other(new float[static_cast<size_t>(T * H)]);
+    if (other.size() < static_cast<size_t>(T * H)) other.resize(static_cast<size_t>(T * H));
     int64_t done = 0;
     bool head_ok = false;
     {
@@ -896,7 +898,7 @@ py::tuple run_stack(std::vector<LayerArgs>& args, const PlannedArena& arena, int
         for (; done < parsed; ++done) {
             LayerArgs& a = args[done];
             a.x = cur;
-            a.out = done % 2 == 0 ? other.get() : outp;
+            a.out = done % 2 == 0 ? other.data() : outp;
             Result kv_error;
             const Fallback r = run_layer(a, arena, kv_error);
             if (r != Fallback::none) {
@@ -960,6 +962,15 @@ struct Stack {
     Lin head;
     bool has_head = false;
     int64_t hidden = 0, nh = 0, nkv = 0, hd = 0;
+    // A call's copy of the layers' fields and its second [T, hidden] buffer, kept for the
+    // next call (no allocation per decode step); a call made while another runs on this
+    // Stack (the GIL is released while the layers run) takes its own.
+    struct CallBuffers {
+        std::vector<LayerArgs> args;
+        std::vector<float> other;
+    };
+    CallBuffers reuse;
+    std::mutex reuse_mutex;
 
     Stack(const py::sequence& lws, const py::object& ctx, const py::object& norm_in, double eps_in,
           const py::object& head_in) {
@@ -1011,7 +1022,11 @@ struct Stack {
             call_keep.push_back(p);
         }
         const py::object table = get(ctx, "block_table");
-        std::vector<LayerArgs> args(layers);
+        std::unique_lock<std::mutex> mine(reuse_mutex, std::try_to_lock);
+        CallBuffers own;
+        CallBuffers& buf = mine.owns_lock() ? reuse : own;
+        std::vector<LayerArgs>& args = buf.args;
+        args = layers;  // (the same size each call: no allocation)
         kv_slots.resize(static_cast<size_t>(n));
         int64_t parsed = 0;
         Fallback reason = Fallback::none;
@@ -1031,8 +1046,8 @@ struct Stack {
             if (!loras_in.is_none()) bind_lora(loras[parsed], a, call_keep);
         }
         if (parsed == 0) return py::make_tuple(x_in, 0, fallback_reason(reason), py::none());
-        return run_stack(args, arena_of(ctx, call.T), parsed, n, reason, norm, eps, with_head && has_head ? &head : nullptr,
-                         rows, picks);
+        return run_stack(args, buf.other, arena_of(ctx, call.T), parsed, n, reason, norm, eps,
+                         with_head && has_head ? &head : nullptr, rows, picks);
     }
 
     // Layer i's KV cache arrays and window into `a` (no block table): the cached parse

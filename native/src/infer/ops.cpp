@@ -190,9 +190,11 @@ void matmul_q8(const WeightView& w, const ActQ8& xin, const GemmOut& out) {
     pool().parallel_for(w.N, 16, [&](int64_t n0, int64_t n1) { tb.q8_gemm(w, x, n0, n1, out); }, 2);
 }
 
-void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
-    constexpr int kMax = kOneTokenMaxWeights;
-    if (n < 1 || n > kMax || xin.T != 1) throw std::logic_error("matmul_q8_one_token: 1..4 weights, one token");
+bool matmul_q8_shared_fits(const ActQ8& x) { return x.T >= 1 && x.T * x.K < kParallelMin; }
+
+void matmul_q8_shared(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& xin) {
+    constexpr int kMax = kSharedMaxWeights;
+    if (n < 1 || n > kMax || !matmul_q8_shared_fits(xin)) throw std::logic_error("matmul_q8_shared: 1..4 weights, a small pass");
     const InferTable& tb = active();
     struct Task {
         int w;
@@ -213,7 +215,7 @@ void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n
         job.x[i] = xin;
         const int64_t pb = tb.q8_prep_bytes(*ws[i], xin.group);
         job.x[i].prep_stride = pb;
-        off += (pb + 63) & ~int64_t{63};
+        off += (xin.T * pb + 63) & ~int64_t{63};
     }
     uint8_t* prep = scratch(0, std::max<int64_t>(off, 1));
     off = 0;
@@ -221,11 +223,11 @@ void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n
         const WeightView& w = *ws[i];
         if (job.x[i].prep_stride > 0) {
             job.x[i].prep = prep + off;
-            off += (job.x[i].prep_stride + 63) & ~int64_t{63};
-            tb.q8_prep(w, job.x[i], 0, 1);
+            off += (xin.T * job.x[i].prep_stride + 63) & ~int64_t{63};
+            tb.q8_prep(w, job.x[i], 0, xin.T);  // serial, as matmul_q8 at this size
         }
         // matmul_q8's split of this weight (one chunk where it runs on one thread)
-        const int64_t chunks = w.N * w.K < 8 * kParallelMin ? 1 : pool().chunk_count(w.N, 16, 2);
+        const int64_t chunks = w.N * w.K * xin.T < 8 * kParallelMin ? 1 : pool().chunk_count(w.N, 16, 2);
         for (int64_t c = 0; c < chunks; ++c) job.tasks.push_back({i, c * w.N / chunks, (c + 1) * w.N / chunks});
     }
     pool().run(static_cast<int64_t>(job.tasks.size()), [](void* p, int64_t t) {
@@ -345,8 +347,8 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const bool decode = a.T == 1;
     // Decode: one task per kv head (per half of its output elements with 2+ threads) with
     // all of its query heads, so each K / V row is converted once for them (one task per
-    // query head without GQA).  Prefill: one task per (kv head, tile of kTile tokens) with
-    // all of its query heads (kTile * rep queries fill 16 vector lanes), so each K / V row
+    // query head without GQA).  Prefill: one task per (kv head, tile of tokens) with
+    // all of its query heads (the queries fill vector lanes), so each K / V row
     // is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
     const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
@@ -359,12 +361,18 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
         a.q = rotated(5, a.rot_q, a.q, a.qts, 1, Hq, D);
         a.qts = Hq * D;
     }
-    constexpr int64_t kTile = 32;
-    const int64_t tiles = decode ? 1 : (a.T + kTile - 1) / kTile;
+    // A pass of a few tokens whose rep * T queries take more than one 16-lane vector (prompt
+    // lookup's verify passes, T = 6 and more with 3 query heads per kv head) is cut into
+    // tiles that fill one each: with only n_kv_heads tasks, the threads would wait on the
+    // last, twice as long; more tiles convert the K / V rows more often, which costs less.
+    constexpr int64_t kTile = 32, kLanes = 16, kSmallPass = 15;
+    const bool small = !decode && split && a.T <= kSmallPass && a.T * rep > kLanes;
+    const int64_t tile_tokens = small ? std::max<int64_t>(1, kLanes / rep) : kTile;
+    const int64_t tiles = decode ? 1 : (a.T + tile_tokens - 1) / tile_tokens;
     const int64_t tasks = group ? Hkv * parts : decode ? Hq : Hkv * tiles;
     const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
-    const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(kTile, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(tile_tokens, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
     pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
         auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
         for (int64_t i = i0; i < i1; ++i) {
@@ -393,7 +401,7 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
             }
             // Tiles run from the last (longest) to the first so the heaviest go out first.
             const int64_t g = i % Hkv, tile = tiles - 1 - i / Hkv;
-            const int64_t t0 = tile * kTile, nt = std::min(kTile, a.T - t0);
+            const int64_t t0 = tile * tile_tokens, nt = std::min(tile_tokens, a.T - t0);
             t.q = a.q + t0 * a.qts + g * rep * D;
             t.qstride = a.qts;
             t.out = a.out + (t0 * Hq + g * rep) * D;

@@ -37,11 +37,13 @@ void rope_table(const int64_t* pos, int64_t n, const float* inv_freq, int64_t ha
                 float* sin);
 
 void matmul_q8(const WeightView& w, const ActQ8& x, const GemmOut& out);
-// matmul_q8 of n weights on the same one-token activations, as one pool job: the tasks are
-// each weight's own chunks (so every output has matmul_q8's bits), one barrier for all,
-// and weights too small to split run on another thread than the caller's.
-constexpr int kOneTokenMaxWeights = 4;  // n of matmul_q8_one_token: 1..4
-void matmul_q8_one_token(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& x);
+// matmul_q8 of n weights on the same activations of a small pass (a decode step, prompt
+// lookup's verify pass: matmul_q8_shared_fits), as one pool job: the tasks are each
+// weight's own chunks (so every output has matmul_q8's bits), one barrier for all, and
+// weights too small to split run on another thread than the caller's.
+constexpr int kSharedMaxWeights = 4;  // n of matmul_q8_shared: 1..4
+bool matmul_q8_shared_fits(const ActQ8& x);
+void matmul_q8_shared(const WeightView* const* ws, const GemmOut* outs, int n, const ActQ8& x);
 void matmul_f32(const WeightView& w, const ActF32& x, const GemmOut& out);
 // y = U (V x): V [r, K], U [N, r]; the [T, r] intermediate stays internal.
 void lowrank(const WeightView& u, const WeightView& v, const ActF32& x, const GemmOut& out);

@@ -14,9 +14,11 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "../../fp16.h"
 #include "../../infer/infer.h"
+#include "transpose16.h"
 
 namespace edgepack {
 namespace infer {
@@ -343,7 +345,8 @@ inline __m512 chunk_scales(const uint16_t* row, int64_t c, int64_t gw, int64_t K
 // Prep per token, per 128-element chunk (CB bytes):
 //   [0, 64)    x even elements: 16 per 32-block, 4 blocks
 //   [64, 128)  x odd elements
-//   [128, 192) sym: int32 lanes -8 * lane_sum(x); asym: int32 sum(x) of 32-block j in each
+//   [128, 192) sym: int32 -8 * sum(x) of 32-block j in the first lane of 128-bit lane j, zero
+//              in the others (the kernels' int32 sums add all four); asym: its sum(x) in each
 //              lane of 128-bit lane j
 //   [192, 256) grouped activations only: float scale xs of 32-block j in 128-bit lane j
 // A lane is 4 bytes of the even and 4 of the odd part, the same elements vpdpbusd sums, so
@@ -383,8 +386,10 @@ void i4_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
                 if (asym) {
                     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
                     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
-                } else {
-                    sum = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 3));
+                } else {  // the block's whole -8 * sum(x) in its first lane (i4_turned_kernel broadcasts it)
+                    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+                    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
+                    sum = _mm_maskz_mov_epi32(1, _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 3)));
                 }
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j), sum);
                 if (grouped) _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
@@ -518,8 +523,157 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     store_rows(acc, nullptr, t0, n0, rows, out);
 }
 
+// ---- int4 weights, 32-blocks, passes of a few tokens (prompt lookup's verify passes) ----
+// i4_kernel's work per (row, token) is a decode step's: per 32-block a horizontal sum of
+// four int32 lanes and a float step on a quarter of a vector.  A pass of T = 4..16 tokens
+// pays that T times while it unpacks each weight chunk only once, so here the weights are
+// turned instead: 16 rows' code dwords are transposed once per chunk (lane = row), and
+// each vpdpbusd then takes 4 bytes of one block of one token broadcast to all 16 rows.
+// Eight of them leave a block's exact sum in every lane (no horizontal sum), and the
+// reference's acc = acc + (s * d) * float(isum) runs on whole vectors of 16 rows, block by
+// block in order: the same operations as ref::q8_row, so the same bits.  Sym weights,
+// B = 32 (min(activation group, weight group)); the activations in i4_prep's layout.
+// From 4 tokens on (measured on SmolLM2 int4 g32, 2 threads: at 4 and 5 tokens a pass is
+// ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
+// i4_kernel keeps up with it as well).
+constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16, kTurnedTile = 12;
+
+inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
+
+// The weight stream is prefetched one tile (16 rows) ahead, a block's 4 rows at a time
+// between the blocks' arithmetic: 16 prefetches at once stall on the line fill buffers.
+constexpr int64_t kTurnedPrefetchRows = 16;
+
+inline __m512i bcast32(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+// TR tokens x 16 rows.
+template <int TR, bool GROUPED>
+inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, NC = (K + 127) / 128, full = K / 128, G = K / w.group, CB = i4_chunk_bytes(K, x.group);
+    const int64_t rb = K / 2, per_group = w.group / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n0 * rb;
+    const uint16_t* scales = w.scales_f16 + n0 * G;
+    // Scales: gathered per chunk (group 32), else from the rows' scales as float, row-major.
+    const bool fast = w.group == 32 && n0 + 16 < w.N;
+    thread_local std::vector<float> sbuf;
+    if (!fast) {
+        if (sbuf.size() < static_cast<size_t>(16 * G)) sbuf.resize(static_cast<size_t>(16 * G));
+        for (int r = 0; r < 16; ++r) {
+            for (int64_t g = 0; g < G; g += 16) {
+                const __mmask16 m = G - g >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (G - g)) - 1u);
+                _mm512_mask_storeu_ps(sbuf.data() + r * G + g, m,
+                                      _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scales + r * G + g)));
+            }
+        }
+    }
+    const __m512i srow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(G)));
+    const int64_t sb = 2 * G;  // bytes from one row's scales to the next
+    const __m512i qlo = _mm512_setr_epi64(0, sb, 2 * sb, 3 * sb, 4 * sb, 5 * sb, 6 * sb, 7 * sb);
+    __m512 acc[TR];
+    for (int t = 0; t < TR; ++t) acc[t] = _mm512_setzero_ps();
+    alignas(64) __m512i wb[4][8];  // per 32-block of the chunk: lo nibbles of its 4 dwords, then hi
+    for (int64_t c = 0; c < NC; ++c) {
+        const __mmask64 km = c < full ? ~__mmask64{0} : (uint64_t{1} << ((K - 128 * c) / 2)) - 1;
+        __m512i v[16];
+        const uint8_t* p = codes + 64 * c;
+        for (int r = 0; r < 16; ++r, p += rb) {
+            v[r] = c < full ? ld512(p) : _mm512_maskz_loadu_epi8(km, p);
+        }
+        transpose16(v);
+        const int64_t nb = c < full ? 4 : (K - 128 * c) / 32;
+        for (int j = 0; j < nb; ++j) {
+            for (int m = 0; m < 4; ++m) {
+                wb[j][m] = _mm512_and_si512(v[4 * j + m], m4);
+                wb[j][4 + m] = _mm512_and_si512(_mm512_srli_epi16(v[4 * j + m], 4), m4);
+            }
+        }
+        __m512 d[4];
+        if (fast) {
+            const __m512i lo = _mm512_i64gather_epi64(qlo, scales + 4 * c, 1);
+            const __m512i hi = _mm512_i64gather_epi64(qlo, scales + 8 * G + 4 * c, 1);
+            static const uint16_t pick[2][32] = {
+                {0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61},
+                {2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63}};
+            for (int h = 0; h < 2; ++h) {  // row r, block j: word 4r + j of (lo, hi)
+                const __m512i wd = _mm512_permutex2var_epi16(lo, ld512(pick[h]), hi);
+                d[2 * h] = _mm512_cvtph_ps(_mm512_castsi512_si256(wd));
+                d[2 * h + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wd, 1));
+            }
+        } else {
+            for (int j = 0; j < nb; ++j) d[j] = _mm512_i32gather_ps(srow, sbuf.data() + (4 * c + j) / per_group, 4);
+        }
+        for (int j = 0; j < nb; ++j) {
+            {  // this chunk of the next tile's rows: 4 per block, the rest at the chunk's last block
+                const uint8_t* q = codes + 64 * c + (kTurnedPrefetchRows + 4 * j) * rb;
+                const int last = j + 1 == nb ? 16 : 4 * j + 4;
+                for (int r = 4 * j; r < last; ++r, q += rb) _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
+            }
+            __m512i wv[8];
+            for (int i = 0; i < 8; ++i) wv[i] = wb[j][i];
+            for (int t = 0; t < TR; ++t) {
+                const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * CB + 16 * j;
+                __m512i e = bcast32(pc + 128);  // -8 * sum(x) of the block
+                __m512i o = _mm512_setzero_si512();
+                for (int m = 0; m < 4; ++m) {
+                    e = _mm512_dpbusd_epi32(e, wv[m], bcast32(pc + 4 * m));
+                    o = _mm512_dpbusd_epi32(o, wv[4 + m], bcast32(pc + 64 + 4 * m));
+                }
+                const __m512 xs = GROUPED ? _mm512_set1_ps(*reinterpret_cast<const float*>(pc + 192)) : _mm512_set1_ps(x.s[t0 + t]);
+                const __m512 sd = _mm512_mul_ps(xs, d[j]);
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sd, _mm512_cvtepi32_ps(_mm512_add_epi32(e, o))));
+            }
+        }
+    }
+    for (int t = 0; t < TR; ++t) {
+        __m512 y = acc[t];
+        if (out.bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.bias + n0));
+        if (out.residual != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.residual + (t0 + t) * out.ldr + n0));
+        _mm512_storeu_ps(out.y + (t0 + t) * out.ldy + n0, y);
+    }
+}
+
+// Whole tiles of 16 rows, all T tokens in one tile (two above kTurnedTile tokens: the
+// accumulators of more would not stay in registers); the
+// rows of a last partial tile in i4_kernel's tiles.
+template <bool ASYM, bool GROUPED, Blocks BL>
+void i4_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
+        switch (nt) {
+            case 1: return i4_turned_kernel<1, GROUPED>(w, x, t0, n, out);
+            case 2: return i4_turned_kernel<2, GROUPED>(w, x, t0, n, out);
+            case 3: return i4_turned_kernel<3, GROUPED>(w, x, t0, n, out);
+            case 4: return i4_turned_kernel<4, GROUPED>(w, x, t0, n, out);
+            case 5: return i4_turned_kernel<5, GROUPED>(w, x, t0, n, out);
+            case 6: return i4_turned_kernel<6, GROUPED>(w, x, t0, n, out);
+            case 7: return i4_turned_kernel<7, GROUPED>(w, x, t0, n, out);
+            case 8: return i4_turned_kernel<8, GROUPED>(w, x, t0, n, out);
+            case 9: return i4_turned_kernel<9, GROUPED>(w, x, t0, n, out);
+            case 10: return i4_turned_kernel<10, GROUPED>(w, x, t0, n, out);
+            case 11: return i4_turned_kernel<11, GROUPED>(w, x, t0, n, out);
+            default: return i4_turned_kernel<12, GROUPED>(w, x, t0, n, out);
+        }
+    };
+    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        tile(0, first, n);
+        if (first < T) tile(first, T - first, n);
+    }
+    if (n == n1) return;
+    q8_tile_loop<4, 4, 4>(x.T, n, n1, [&](auto tr, auto nr, int64_t t0, int64_t nn, int64_t rows) {
+        i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, BL>(w, x, t0, nn, rows, out);
+    });
+}
+
 template <bool ASYM, bool GROUPED, Blocks BL>
 void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
+    if (!ASYM && BL == Blocks::b32 && turned_ok(x)) return i4_turned_gemm<ASYM, GROUPED, BL>(w, x, n0, n1, out);
     q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
         i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, BL>(w, x, t0, n, rows, out);
     });
