@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "../../infer/infer.h"
+#include "../avx512/transpose16.h"
 
 namespace edgepack {
 namespace infer {
@@ -90,34 +91,6 @@ void configure(int nt, int64_t ks) {
     // Not _tile_loadconfig: GCC's version tells the compiler it reads one byte, so the
     // stores to the rest of the config may be dropped (seen at -O2).
     __asm__ volatile("ldtilecfg %0" : : "m"(c));
-}
-
-// r[i] lane j -> r[j] lane i: the 16 x 16 dword transpose (unpack within 128-bit lanes,
-// then whole lanes).
-inline void transpose16(__m512i (&r)[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    // r[4m + j] lane L = rows 4m..4m+3 of column 4L + j
-    for (int j = 0; j < 4; ++j) {
-        const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i w0 = _mm512_shuffle_i32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512i v1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i w1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        t[j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
-        t[4 + j] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
-        t[8 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0));
-        t[12 + j] = _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
 // The weights of rows [n, n + nr) in the VNNI layout: dword (q, r) = elements 4q..4q+3 of
