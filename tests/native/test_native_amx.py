@@ -13,7 +13,7 @@ from test_native_infer import Q8_CASES, make_weight, q8_inputs, rng, same_bits
 
 k = pytest.importorskip("edgepack.native._kernels")
 
-# infer_amx.cpp's swapped tiles (weights as A) for few tokens (int8 4..16, int4 8..15),
+# infer_amx.cpp's swapped tiles (weights as A) for few tokens of int8 weights (9..16),
 # below them the avx512 kernels (exact too); from 16 on, always tiles of one layout
 TOKENS = [*range(1, 18), 40, 515]
 DEFAULT_ISA = k.active_isa()  # at import, before any test switches it
@@ -46,7 +46,7 @@ def test_amx_matmul_q8_bit_identical_to_scalar(enc, N, K, gw, ga, T) -> None:
     assert same_bits(got, want), f"{enc} T={T}: {np.sum(got != want)} outputs differ"
 
 
-@pytest.mark.parametrize("T", [9, 16, 37])  # swapped tiles (both encodings, int8), big path
+@pytest.mark.parametrize("T", [9, 16, 37])  # int8: swapped, swapped, big; int4: avx512, big, big
 @pytest.mark.parametrize("enc,gw,ga", [("int8", 0, 32), ("int4_sym", 32, 32), ("int4_asym", 64, 0)])
 def test_amx_any_thread_count_and_bias_residual(enc, gw, ga, T) -> None:
     N, K = 75, 576

@@ -2,8 +2,8 @@
 //
 // Everything else in the "amx" table is the AVX-512 table's; so is q8_gemm for shapes the
 // tiles do not cover and for token counts where the VNNI kernels are faster (use_small's
-// lower bounds).  Two tile layouts: few tokens (T <= 16, "swapped", below) take the weights
-// as the A tile; many (T >= kMinTokens, unless swapped) take them as B:
+// lower bound).  Two tile layouts: few tokens of int8 weights (T <= 16, "swapped", below)
+// take the weights as the A tile; many (T >= kMinTokens, unless swapped) take them as B:
 //
 // Big path: A = 16 tokens x ks bytes of the activations, loaded straight from ActQ8.q (stride
 // K); B = one panel of 16 weight rows in the VNNI layout [K/4][16 rows][4 bytes] (int8 as
@@ -291,66 +291,61 @@ void tiles_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
     if (configured != 0) _tile_release();
 }
 
-// ---- Few tokens (use_small: T = 4..16 int8, 8..15 int4): the roles swapped ----
+// ---- Few tokens of int8 weights (use_small: T = 9..16): the roles swapped ----
 //
-// A = 16 weight rows x ks bytes, row-major as stored: int8 tile-loaded straight from the
-// mapped codes (stride K), int4 nibbles spread to bytes row by row (no transpose); B = the
+// A = 16 weight rows x ks bytes, row-major as stored: tile-loaded straight from the mapped
+// codes (stride K; a tail panel copied, zero-padded); B = the
 // T tokens' codes in the VNNI layout [K/4][T][4], transposed once per call by q8_prep;
 // C = 16 rows x T tokens of exact int32 block sums, stored densely ([row][token], 4T bytes
 // a row: T vectors of 16 lanes) and combined in that layout.  Lane e of vector v holds
 // row e / T, token e % T (e = 16 v + lane); the per-token scales and the per-row weight
 // scales reach it by a permute.  Same operations and order per element as the big path.
 
-// The token counts that take the swapped tiles, per weight encoding (outside: avx512 below,
-// the big path above).  Measured on 2026-12-01, SmolLM2-135M's shapes (30 layers of
-// q/k/v/o/gate/up/down and the 49152 x 576 int8 head, ga 32), one thread, amx vs avx512
-// in turn, ms per forward (/tmp/amx-small-shapes.py in the report):
-//   int4-g32 layers T = 6/7/8/12: 7.2/8.2/8.5/10.3 vs 7.2/8.1/10.1/14.3
-//   int8 layers     T = 3/4/8/16: 4.1/4.4/5.5/7.8  vs 4.1/5.1/9.9/20.1 (big path at 16: 10.4)
-//   int8 head       T = 3/4/6/16: 1.4/1.5/1.7/2.7  vs 1.1/1.4/1.9/6.2  (big path at 16: 5.7)
-// int4 pays from T = 8 only: its rows are spread from nibbles and stored for the tile
-// loads, about the work of avx512's whole GEMV at T = 2..4.  A software prefetch of the
-// rows ahead made both encodings slower (the load ports are the limit, not memory).
+// The token counts that take the swapped tiles (outside: avx512 below, the big path
+// above).  Per matrix (SmolLM2-135M's shapes, 1 thread, ms per forward, amx vs avx512):
+//   int8 layers T = 3/4/8/16: 4.1/4.4/5.5/7.8 vs 4.1/5.1/9.9/20.1 (big path at 16: 10.4)
+//   int8 head   T = 3/4/6/16: 1.4/1.5/1.7/2.7 vs 1.1/1.4/1.9/6.2  (big path at 16: 5.7)
+// but in the whole forward (/tmp/costT.py: one pass of T tokens after 200, 2 threads,
+// amx vs avx512 in turn, 2026-12-01 21:57, load 1.7) the int8 package crossed at T = 9:
+// T = 4/8/9/12/16 11.2-11.4/13.7-13.9/13.3-13.5/15.9-16.3/17.4-18.3 vs 9.3-9.4/13.0-13.6/
+// 14.2-14.3/17.4-18.1/22.3-22.4 ms.  int4 weights never take them: their rows had to be
+// spread from nibbles and stored for the tile loads, and the avx512 kernels were faster
+// at every T = 2..16 in the same runs (sym g32 T = 8: 12.9-13.5 vs 10.2-10.7 ms; asym g32
+// T = 8: 14.3-14.4 vs 11.5-12.4 ms); that path was removed.
 // Tried and reverted (commit 3405e44): two 32-element blocks per TDPBSSD (block-diagonal
-// activations), half the tile work: int4 T = 2/4 5.9/6.7, int8 T = 4/8 4.6/5.3 ms, no gain
-// at the crossover (the extra permutes eat it).
-constexpr int64_t kSmallMinI4 = 8, kSmallMaxI4 = 15;
-constexpr int64_t kSmallMinI8 = 4, kSmallMaxI8 = 16;
-static_assert(kSmallMaxI4 < kMinTokens && kSmallMaxI8 <= 16, "the swapped tiles hold <= 16 tokens");
+// activations), half the tile work: int8 T = 4/8 4.6/5.3 ms, no gain at the crossover.
+constexpr int64_t kSmallMin = 9, kSmallMax = 16;
+static_assert(kSmallMin == 9 && kSmallMax <= 16, "small_gemm_t has the cases 9..16 (tiles hold <= 16 tokens)");
 
 bool use_small(const WeightView& w, const ActQ8& x) {
-    const bool i8 = w.enc == WEnc::i8;
-    const int64_t lo = i8 ? kSmallMinI8 : kSmallMinI4, hi = i8 ? kSmallMaxI8 : kSmallMaxI4;
-    return x.T >= lo && x.T <= hi && plan_for(w, x.group).ok;
+    return w.enc == WEnc::i8 && x.T >= kSmallMin && x.T <= kSmallMax && plan_for(w, x.group).ok;
 }
 
 // The prep of the swapped path (T tokens): codes [K/4][T][4] bytes, then the activation
-// scales [K / ga][T] floats, then (asym) the block code sums [K / B][T] floats.
+// scales [K / ga][T] floats.
 struct SmallPrep {
     int8_t* codes;
     float* scales;
-    float* xsums;
 };
 
 SmallPrep small_prep_of(const ActQ8& x) {
-    const int64_t T = x.T, K = x.K, ns = K / x.group;
+    const int64_t T = x.T, K = x.K;
     int8_t* q = reinterpret_cast<int8_t*>(x.prep);
     float* s = reinterpret_cast<float*>(q + T * K);
-    return {q, s, s + T * ns};
+    return {q, s};
 }
 
 int64_t small_prep_bytes(const WeightView& w, int64_t ga) {
     const Plan p = plan_for(w, ga);
-    if (!p.ok) return 0;
-    return w.K + w.K / ga * 4 + (w.enc == WEnc::i4asym ? w.K / p.block * 4 : 0);
+    if (!p.ok || w.enc != WEnc::i8) return 0;
+    return w.K + w.K / ga * 4;
 }
 
 void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
-    const int64_t T = x.T, K = x.K, ns = K / x.group, B = plan_for(w, x.group).block, nb = K / B;
+    const int64_t T = x.T, K = x.K, ns = K / x.group;
     const SmallPrep sp = small_prep_of(x);
     const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                              _mm512_set1_epi32(static_cast<int>(T)));
-    const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t t = t0; t < t1; ++t) {
         const int8_t* q = x.q + t * K;
         int32_t* dst = reinterpret_cast<int32_t*>(sp.codes) + t;
@@ -361,17 +356,6 @@ void small_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
             _mm512_mask_i32scatter_epi32(dst + k / 4 * T, m, lanes, v, 4);
         }
         for (int64_t j = 0; j < ns; ++j) sp.scales[j * T + t] = x.s[t * ns + j];
-        if (w.enc == WEnc::i4asym) {
-            for (int64_t i = 0; i < nb; ++i) {  // B is a multiple of 4 <= K
-                __m512i acc = _mm512_setzero_si512();
-                for (int64_t k = i * B; k < (i + 1) * B; k += 64) {
-                    const int64_t left = (i + 1) * B - k < 64 ? (i + 1) * B - k : 64;
-                    const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
-                    acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(m, q + k));
-                }
-                sp.xsums[i * T + t] = static_cast<float>(_mm512_reduce_add_epi32(acc));
-            }
-        }
     }
 }
 
@@ -391,32 +375,11 @@ void configure_small(int64_t T, int64_t ks) {
     __asm__ volatile("ldtilecfg %0" : : "m"(c));
 }
 
-// Rows [n, n + nr) as signed bytes, row-major with stride K (rows nr..15 zero): int8
-// copied (only for a tail panel), int4 spread from nibbles (low nibble = even element).
-template <WEnc E>
-void unpack_rows(const WeightView& w, int64_t n, int nr, int8_t* rows) {
+// A tail panel's rows [n, n + nr) with stride K, rows nr..15 zero.
+void tail_rows(const WeightView& w, int64_t n, int nr, int8_t* rows) {
     const int64_t K = w.K;
-    if constexpr (E == WEnc::i8) {
-        std::memcpy(rows, static_cast<const int8_t*>(w.codes) + n * K, static_cast<size_t>(nr * K));
-    } else {
-        const uint8_t* base = static_cast<const uint8_t*>(w.codes) + n * (K / 2);
-        const __m512i m4 = _mm512_set1_epi16(0x0f0f);
-        const __m512i eight = _mm512_set1_epi8(8);
-        for (int r = 0; r < nr; ++r) {
-            const uint8_t* src = base + r * (K / 2);
-            int8_t* dst = rows + r * K;
-            for (int64_t k = 0; k < K; k += 64) {
-                const int64_t left = K - k < 64 ? K - k : 64;  // a multiple of 8
-                const __mmask32 mb = left == 64 ? ~__mmask32{0} : (1u << (left / 2)) - 1u;
-                const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mb, src + k / 2));
-                __m512i v = _mm512_ternarylogic_epi32(u, _mm512_slli_epi16(u, 4), m4, 0xa8);
-                if constexpr (E == WEnc::i4sym) v = _mm512_sub_epi8(v, eight);
-                const __mmask64 m = left == 64 ? ~__mmask64{0} : (uint64_t{1} << left) - 1;
-                _mm512_mask_storeu_epi8(dst + k, m, v);
-            }
-        }
-    }
-    if (nr < 16) std::memset(rows + nr * K, 0, static_cast<size_t>((16 - nr) * K));
+    std::memcpy(rows, static_cast<const int8_t*>(w.codes) + n * K, static_cast<size_t>(nr * K));
+    std::memset(rows + nr * K, 0, static_cast<size_t>((16 - nr) * K));
 }
 
 #define EDGEPACK_SMALL_SUMS(ct, at, bt, i)                             \
@@ -430,12 +393,9 @@ void unpack_rows(const WeightView& w, int64_t n, int nr, int8_t* rows) {
         }                                                              \
     } while (0)
 
-template <int T, WEnc E>
+template <int T>
 void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
-    constexpr bool I8 = E == WEnc::i8, ASYM = E == WEnc::i4asym;
     alignas(64) int8_t rows[kMaxK * 16];
-    alignas(64) float dsc[I8 ? 16 : kMaxGroups * 16];
-    alignas(64) float msc[ASYM ? kMaxGroups * 16 : 16];
     alignas(64) int32_t cbuf[8][16 * T];
     alignas(64) int32_t ridx[T][16], tidx[T][16], gidx[T][16];
     for (int e = 0; e < 16 * T; ++e) {
@@ -446,7 +406,6 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
         for (int r = 0; r < 16; ++r) gidx[t][r] = r * T + t;
     }
     const int64_t K = w.K, B = p.block, ks = p.ks, nb = K / B, ga = x.group;
-    const int64_t gw = I8 ? K : w.group, G = K / gw;
     const SmallPrep sp = small_prep_of(x);
     const int8_t* xb = sp.codes;
     const __mmask16 tm = static_cast<__mmask16>((1u << T) - 1u);
@@ -455,41 +414,20 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
         const int nr = n1 - n < 16 ? static_cast<int>(n1 - n) : 16;
         const int8_t* arow = rows;
         const int64_t astride = K;
-        if (I8 && nr == 16) {
+        if (nr == 16) {
             arow = static_cast<const int8_t*>(w.codes) + n * K;
         } else {
-            unpack_rows<E>(w, n, nr, rows);
-        }
-        if constexpr (!I8) {
-            transpose_scales(w.scales_f16, n, nr, G, dsc);
-            if (ASYM) transpose_scales(w.zeros_f16, n, nr, G, msc);
+            tail_rows(w, n, nr, rows);
         }
         __m512 acc[T];
         for (int v = 0; v < T; ++v) acc[v] = _mm512_setzero_ps();
         auto combine = [&](int64_t i, const int32_t* cb) {
             const int64_t b0 = i * B, ja = b0 / ga;
             const __m512 sv = _mm512_maskz_loadu_ps(tm, sp.scales + ja * T);
-            if constexpr (I8) {
-                for (int v = 0; v < T; ++v) {
-                    const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
-                    const __m512 s = _mm512_permutexvar_ps(_mm512_load_si512(tidx[v]), sv);
-                    acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(s, f));
-                }
-            } else {
-                const int64_t jw = b0 / gw;
-                const __m512 dv = _mm512_load_ps(dsc + 16 * jw);
-                const __m512 mv = ASYM ? _mm512_load_ps(msc + 16 * jw) : dv;
-                const __m512 xv = ASYM ? _mm512_maskz_loadu_ps(tm, sp.xsums + i * T) : dv;
-                for (int v = 0; v < T; ++v) {
-                    const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
-                    const __m512i ti = _mm512_load_si512(tidx[v]), ri = _mm512_load_si512(ridx[v]);
-                    const __m512 s = _mm512_permutexvar_ps(ti, sv);
-                    acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(_mm512_mul_ps(s, _mm512_permutexvar_ps(ri, dv)), f));
-                    if (ASYM) {
-                        const __m512 sm = _mm512_mul_ps(s, _mm512_permutexvar_ps(ri, mv));
-                        acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(sm, _mm512_permutexvar_ps(ti, xv)));
-                    }
-                }
+            for (int v = 0; v < T; ++v) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(cb + 16 * v));
+                const __m512 s = _mm512_permutexvar_ps(_mm512_load_si512(tidx[v]), sv);
+                acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(s, f));
             }
         };
         // Pairs of blocks (2s, 2s + 1) alternate between C tiles 0, 1 and 2, 3; a pair's
@@ -532,9 +470,9 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
         drain(np - 1);
         alignas(64) float ab[16 * T];
         const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1u);
-        const __m512 ws = I8 ? _mm512_maskz_loadu_ps(rm, w.scales_f32 + n) : _mm512_setzero_ps();
+        const __m512 ws = _mm512_maskz_loadu_ps(rm, w.scales_f32 + n);
         for (int v = 0; v < T; ++v) {
-            const __m512 a = I8 ? _mm512_mul_ps(acc[v], _mm512_permutexvar_ps(_mm512_load_si512(ridx[v]), ws)) : acc[v];
+            const __m512 a = _mm512_mul_ps(acc[v], _mm512_permutexvar_ps(_mm512_load_si512(ridx[v]), ws));
             _mm512_store_ps(ab + 16 * v, a);
         }
         for (int t = 0; t < T; ++t) {
@@ -549,19 +487,11 @@ void small_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, con
 
 #undef EDGEPACK_SMALL_SUMS
 
-template <WEnc E>
 void small_gemm_t(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, const Plan& p) {
     switch (x.T) {
 #define EDGEPACK_SMALL_CASE(t) \
     case t:                    \
-        return small_gemm<t, E>(w, x, n0, n1, out, p);
-        EDGEPACK_SMALL_CASE(2)
-        EDGEPACK_SMALL_CASE(3)
-        EDGEPACK_SMALL_CASE(4)
-        EDGEPACK_SMALL_CASE(5)
-        EDGEPACK_SMALL_CASE(6)
-        EDGEPACK_SMALL_CASE(7)
-        EDGEPACK_SMALL_CASE(8)
+        return small_gemm<t>(w, x, n0, n1, out, p);
         EDGEPACK_SMALL_CASE(9)
         EDGEPACK_SMALL_CASE(10)
         EDGEPACK_SMALL_CASE(11)
@@ -619,9 +549,7 @@ void q8_prep(const WeightView& w, const ActQ8& x, int64_t t0, int64_t t1) {
 void q8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
     if (use_small(w, x)) {
         const Plan p = plan_for(w, x.group);
-        if (w.enc == WEnc::i8) return small_gemm_t<WEnc::i8>(w, x, n0, n1, out, p);
-        if (w.enc == WEnc::i4asym) return small_gemm_t<WEnc::i4asym>(w, x, n0, n1, out, p);
-        return small_gemm_t<WEnc::i4sym>(w, x, n0, n1, out, p);
+        return small_gemm_t(w, x, n0, n1, out, p);
     }
     if (!use_tiles(w, x)) return base().q8_gemm(w, x, n0, n1, out);
     const Plan p = plan_for(w, x.group);
