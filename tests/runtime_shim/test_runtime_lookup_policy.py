@@ -96,6 +96,9 @@ class _CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
+    def ids_containing(self, text: str) -> frozenset[int]:  # of the first 128 code points
+        return frozenset(i for i in range(128) if text in self.decode([i]))
+
 
 def test_reflowed_makes_line_breaks_and_double_spaces_between_words_one_space() -> None:
     tok = _CharTokenizer()
