@@ -65,7 +65,21 @@ struct Act {
     int64_t group = 0;
 };
 
-struct LayerArgs {
+// The call-wide arguments (parse_call): the same for every layer of one forward.
+struct CallArgs {
+    int64_t T = 0, hidden = 0, nh = 0, nkv = 0, hd = 0, start = 0;
+    float eps = 0.0f;
+    int act_kind = 0;         // 0: SiLU (SwiGLU), else a GatedAct
+    double attn_scale = 0.0;  // 0: 1/sqrt(hd)
+    float softcap = 0.0f;
+    const float* cos = nullptr;
+    const float* sin = nullptr;
+    bool act = false;
+    const float* x = nullptr;
+};
+
+// One layer's arguments: the call's, and the layer's own (parse_weights, parse_kv).
+struct LayerArgs : CallArgs {
     Lin q, k, v, o, gate, up, down;
     const float* attn_norm = nullptr;
     const float* ffn_norm = nullptr;
@@ -73,18 +87,10 @@ struct LayerArgs {
     const float* k_norm = nullptr;
     const float* attn_post_norm = nullptr;  // [hidden] norms of the attention / FFN outputs
     const float* ffn_post_norm = nullptr;   // before their residual add (gemma2)
-    int act_kind = 0;                       // 0: SiLU (SwiGLU), else a GatedAct
-    double attn_scale = 0.0;                // 0: 1/sqrt(hd)
-    float softcap = 0.0f;
     int64_t window = 0;
     int64_t qkv_group = 0, gate_up_group = 0;  // 0: quantize per weight
-    int64_t T = 0, hidden = 0, nh = 0, nkv = 0, hd = 0, ffn = 0, start = 0;
-    float eps = 0.0f;
-    const float* cos = nullptr;
-    const float* sin = nullptr;
+    int64_t ffn = 0;
     KvCache kv;
-    bool act = false;
-    const float* x = nullptr;
     float* out = nullptr;
 };
 
@@ -642,8 +648,8 @@ int64_t group_attr(const py::object& lw, const char* name, int64_t H) {
 
 // The call-wide arguments of ctx (input, heads, positions, RoPE rows, activation, score
 // scale and cap), the same for every layer of one forward, read and validated into `a`
-// (`keep` holds every array `a` points into; Stack::take_call copies these fields).
-void parse_call(const py::object& x_in, const py::object& ctx, LayerArgs& a, std::vector<py::object>& keep) {
+// (`keep` holds every array `a` points into).
+void parse_call(const py::object& x_in, const py::object& ctx, CallArgs& a, std::vector<py::object>& keep) {
     if (!py::isinstance<py::array>(x_in)) throw py::type_error("decoder_layer: x must be a numpy array");
     py::array x = py::reinterpret_borrow<py::array>(x_in);
     if (!is_f32(x)) throw py::type_error("decoder_layer: x must be float32");
@@ -1004,7 +1010,7 @@ struct Stack {
             if (static_cast<int64_t>(py::len(loras)) != n) bad("Stack.run needs an adapter layer (or None) per layer");
         }
         std::vector<py::object> call_keep;
-        LayerArgs call;
+        CallArgs call;
         parse_call(x_in, ctx, call, call_keep);
         if (call.hidden != hidden || call.nh != nh || call.nkv != nkv || call.hd != hd) {
             bad("x / ctx do not match the Stack's hidden size and heads");
@@ -1033,7 +1039,7 @@ struct Stack {
         KvCache checked;  // the geometry the block table was last checked against
         for (; parsed < n; ++parsed) {
             LayerArgs& a = args[parsed];
-            take_call(call, a);
+            static_cast<CallArgs&>(a) = call;
             reason = kv_of(parsed, kvs[parsed], windows[parsed], a, call_keep);
             if (reason != Fallback::none) break;
             if (parsed == 0 || a.kv.n_blocks != checked.n_blocks || a.kv.block_size != checked.block_size) {
@@ -1069,23 +1075,6 @@ struct Stack {
         return slot.reason;
     }
 
-    // The fields parse_call sets, from `c` into the layer's `a`.
-    static void take_call(const LayerArgs& c, LayerArgs& a) {
-        a.T = c.T;
-        a.hidden = c.hidden;
-        a.x = c.x;
-        a.nh = c.nh;
-        a.nkv = c.nkv;
-        a.hd = c.hd;
-        a.eps = c.eps;
-        a.act = c.act;
-        a.start = c.start;
-        a.cos = c.cos;
-        a.sin = c.sin;
-        a.act_kind = c.act_kind;
-        a.attn_scale = c.attn_scale;
-        a.softcap = c.softcap;
-    }
 };
 
 }  // namespace
