@@ -18,6 +18,7 @@
 //   store_i8(int8_t*, T)             T holds integers in [-127, 127]
 //   pow2i(T n)                       2^n for integral n in [-126, 127]
 //   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
+//   fold16x16(const T (&a)[16])      (W = 16 only) lane p = fold16(&a[p])
 //   max_abs_bits(const float*, n)    max over |x| float bits as uint32
 //   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
 //   h2f(uint16_t)                    float16 bits -> float (exact)
@@ -1130,6 +1131,51 @@ inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, con
     }
 }
 
+// attn_group's scores for the positions [0, 16 floor(L / 16)) with AVX-512: each dot16 as
+// there (one 16-lane accumulator from +0, multiply then add, chunk by chunk), but the
+// folds of 16 positions done together (V::fold16x16, the same adds) and the scaling
+// (dot * k_scale) * scale in vector lanes.  Returns the first position it did not score.
+template <class V>
+inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t, float* S) {
+    constexpr int64_t kMaxD = 128;
+    const int64_t D = kv.head_dim, L = t.L0, R = t.nq;
+    if constexpr (V::W != 16) {
+        return 0;
+    } else {
+        if (D % 16 != 0 || D > kMaxD) return 0;
+        using T = typename V::T;
+        alignas(64) float kb[16 * kMaxD];  // the 16 K rows as float
+        alignas(64) float ks[16];
+        const int64_t C = D / 16;
+        int64_t p0 = 0;
+        for (int64_t idx = 0; p0 + 16 <= L; p0 += 16) {
+            for (int64_t s = 0; s < 16; ++s) {
+                const int64_t p = p0 + s;
+                idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+                if (kv.quantized) {
+                    for (int64_t c = 0; c < C; ++c) V::store(kb + s * D + c * 16, V::load_i8(kv.k + idx * D + c * 16));
+                    ks[s] = k_scale_at<V>(kv, idx);
+                } else {
+                    std::memcpy(kb + s * D, kv.kf + idx * D, static_cast<size_t>(D) * sizeof(float));
+                }
+            }
+            const T vks = V::load(ks), vscale = V::set1(t.scale);
+            for (int64_t r = 0; r < R; ++r) {
+                const float* q = t.q + r * D;
+                T acc[16];
+                for (int s = 0; s < 16; ++s) {
+                    T a = V::zero();
+                    for (int64_t c = 0; c < C; ++c) a = V::add(a, V::mul(V::load(q + c * 16), V::load(kb + s * D + c * 16)));
+                    acc[s] = a;
+                }
+                const T dot = V::fold16x16(acc);
+                V::store(S + r * L + p0, kv.quantized ? V::mul(V::mul(dot, vks), vscale) : V::mul(dot, vscale));
+            }
+        }
+        return p0;
+    }
+}
+
 template <class V>
 void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
@@ -1137,8 +1183,9 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     float* krow = sc + lay.krow;
     float* row = sc + lay.vrows;
     float* S = sc + lay.sc;
-    for (int64_t p = 0, idx = 0; p < L; ++p) {
-        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+    const int64_t p16 = group_scores16<V>(kv, head, t, S);
+    for (int64_t p = p16, idx = 0; p < L; ++p) {
+        idx = p % kv.block_size != 0 && p > p16 ? idx + kv.n_kv_heads : kv.index(p, head);
         const float* kr = kv.kf + idx * D;
         if (kv.quantized) {
             const int8_t* kq = kv.k + idx * D;
