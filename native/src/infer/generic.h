@@ -1087,6 +1087,15 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
     for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
         const int64_t m0 = BS < L - p0 ? BS : L - p0;
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        if (coded && p0 + BS < L) {  // the next block's rows from memory while this one computes
+            const int64_t nb = static_cast<int64_t>(kv.table[b + 1]) * BS * H + head;
+            const int64_t nn = BS < L - p0 - BS ? BS : L - p0 - BS;
+            for (int64_t s = 0; s < nn; ++s) {
+                const int64_t i = nb + s * H;
+                __builtin_prefetch(kv.v + i * (D / 2) + e0 / 2);
+                if (kv.v_high != nullptr) __builtin_prefetch(kv.v_high + i * (D / (kv.v6 ? 4 : 8)) + e0 / (kv.v6 ? 4 : 8));
+            }
+        }
         for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
             const int64_t m = kAttnCodeRows < m0 - s0 ? kAttnCodeRows : m0 - s0;
             if (coded) {
@@ -1131,6 +1140,22 @@ inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, con
     }
 }
 
+// The cache index of (position p, head) for p = 0, 1, 2, ... without a division per step.
+struct KvWalk {
+    const KvCache& kv;
+    int64_t head, b = 0, slot = 0, idx;
+    KvWalk(const KvCache& c, int64_t h) : kv(c), head(h), idx(c.index(0, h)) {}
+    void next() {
+        if (++slot < kv.block_size) {
+            idx += kv.n_kv_heads;
+            return;
+        }
+        slot = 0;
+        ++b;
+        if (b < kv.table_len) idx = (static_cast<int64_t>(kv.table[b]) * kv.block_size) * kv.n_kv_heads + head;
+    }
+};
+
 // attn_group's scores for the positions [0, 16 floor(L / 16)) with AVX-512: each dot16 as
 // there (one 16-lane accumulator from +0, multiply then add, chunk by chunk), but the
 // folds of 16 positions done together (V::fold16x16, the same adds) and the scaling
@@ -1148,10 +1173,16 @@ inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t
         alignas(64) float ks[16];
         const int64_t C = D / 16;
         int64_t p0 = 0;
-        for (int64_t idx = 0; p0 + 16 <= L; p0 += 16) {
+        KvWalk at(kv, head), ahead(kv, head);  // the rows of this batch, the next batch's
+        for (int64_t s = 0; s < 16 && s < L; ++s) ahead.next();
+        for (; p0 + 16 <= L; p0 += 16) {
+            for (int64_t s = 0; s < 16 && p0 + 16 + s < L; ++s) {  // from memory while this batch computes
+                __builtin_prefetch(kv.quantized ? static_cast<const void*>(kv.k + ahead.idx * D) : kv.kf + ahead.idx * D);
+                ahead.next();
+            }
             for (int64_t s = 0; s < 16; ++s) {
-                const int64_t p = p0 + s;
-                idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+                const int64_t idx = at.idx;
+                at.next();
                 if (kv.quantized) {
                     for (int64_t c = 0; c < C; ++c) V::store(kb + s * D + c * 16, V::load_i8(kv.k + idx * D + c * 16));
                     ks[s] = k_scale_at<V>(kv, idx);
