@@ -19,6 +19,7 @@
 //   pow2i(T n)                       2^n for integral n in [-126, 127]
 //   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
 //   fold16x16(const T (&a)[16])      (W = 16 only) lane p = fold16(&a[p])
+//   v6_codes16(nb, hb)               (W = 16 only) float(code) of 16 int6 V elements
 //   max_abs_bits(const float*, n)    max over |x| float bits as uint32
 //   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
 //   h2f(uint16_t)                    float16 bits -> float (exact)
@@ -1071,12 +1072,26 @@ inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
 // attn_group's output sums for R heads and E elements from e0 (inside one V group) with
 // the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
 // assembled first (as attn_v_regs): the same operations as its memory loop.
+// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
+// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
+template <class V, int NV>
+inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
+    if constexpr (V::W == 16) {
+        const int64_t D = kv.head_dim;
+        for (int w = 0; w < NV; ++w) {
+            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
+                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
+        }
+    }
+}
+
 template <class V, int R, int E>
 inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
     using T = typename V::T;
     constexpr int NV = E / V::W;
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n, g = e0 / n;
     const bool coded = kv.v5 || kv.v6;
+    const bool direct6 = V::W == 16 && kv.v6;  // int6 codes straight into lanes (V::v6_codes16)
     const T off = V::set1(v_code_offset(kv));
     T acc[R][NV];
     for (int r = 0; r < R; ++r) {
@@ -1098,13 +1113,15 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
         }
         for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
             const int64_t m = kAttnCodeRows < m0 - s0 ? kAttnCodeRows : m0 - s0;
-            if (coded) {
+            if (coded && !direct6) {
                 for (int64_t s = 0; s < m; ++s) v_code_bytes_at(kv, base + (s0 + s) * H, e0, E, codes + s * E);
             }
             for (int64_t s = s0; s < s0 + m; ++s) {
                 const int64_t idx = base + s * H, p = p0 + s;
                 T x[NV];
-                if (coded) {
+                if (direct6) {
+                    v6_lanes<V, NV>(kv, idx, e0, off, x);
+                } else if (coded) {
                     for (int w = 0; w < NV; ++w) x[w] = V::sub(V::load_i8(codes + (s - s0) * E + w * V::W), off);
                 } else {
                     decode_v4_at<V>(kv, idx, e0, E, row);

@@ -58,6 +58,21 @@ struct V16 {
         const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
         return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
     }
+    // float(code) of 16 int6 V elements (v_code_bytes_at's layout): low nibbles from nb[0, 8),
+    // 2 high bits each from hb[0, 4).  The same integers, so the same floats.
+    static T v6_codes16(const uint8_t* nb, const uint8_t* hb) {
+        uint32_t h;
+        std::memcpy(&h, hb, 4);
+        const __m128i pair = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m128i quad = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(nb)), pair));
+        const __m512i hi = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(h)), quad));
+        const __m512i lsh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        const __m512i hsh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+        const __m512i c = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(lo, lsh), _mm512_set1_epi32(15)),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, hsh), _mm512_set1_epi32(3)), 4));
+        return _mm512_cvtepi32_ps(c);
+    }
     // fold16 of 16 vectors at once: lane p of the result = fold16(&a[p]).  The same adds
     // (lane i + lane i + h for h = 8, 4, 2, 1, in that operand order) with two vectors'
     // halves paired per shuffle, so the same bits; positions end up in lane 4 (p % 4) + p / 4.
