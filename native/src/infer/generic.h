@@ -1104,11 +1104,12 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
         if (coded && p0 + BS < L) {  // the next block's rows from memory while this one computes
             const int64_t nb = static_cast<int64_t>(kv.table[b + 1]) * BS * H + head;
-            const int64_t nn = BS < L - p0 - BS ? BS : L - p0 - BS;
+            const int64_t nn = BS < L - p0 - BS ? BS : L - p0 - BS, hd = kv.v6 ? 4 : 8;
+            const uint8_t* nib = kv.v + nb * (D / 2) + e0 / 2;
+            const uint8_t* high = kv.v_high + nb * (D / hd) + e0 / hd;
             for (int64_t s = 0; s < nn; ++s) {
-                const int64_t i = nb + s * H;
-                __builtin_prefetch(kv.v + i * (D / 2) + e0 / 2);
-                if (kv.v_high != nullptr) __builtin_prefetch(kv.v_high + i * (D / (kv.v6 ? 4 : 8)) + e0 / (kv.v6 ? 4 : 8));
+                __builtin_prefetch(nib + s * H * (D / 2));
+                __builtin_prefetch(high + s * H * (D / hd));
             }
         }
         for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
