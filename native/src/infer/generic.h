@@ -18,6 +18,8 @@
 //   store_i8(int8_t*, T)             T holds integers in [-127, 127]
 //   pow2i(T n)                       2^n for integral n in [-126, 127]
 //   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
+//   fold16x16(const T (&a)[16])      (W = 16 only) lane p = fold16(&a[p])
+//   v6_codes16(nb, hb)               (W = 16 only) float(code) of 16 int6 V elements
 //   max_abs_bits(const float*, n)    max over |x| float bits as uint32
 //   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
 //   h2f(uint16_t)                    float16 bits -> float (exact)
@@ -1070,12 +1072,26 @@ inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
 // attn_group's output sums for R heads and E elements from e0 (inside one V group) with
 // the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
 // assembled first (as attn_v_regs): the same operations as its memory loop.
+// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
+// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
+template <class V, int NV>
+inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
+    if constexpr (V::W == 16) {
+        const int64_t D = kv.head_dim;
+        for (int w = 0; w < NV; ++w) {
+            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
+                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
+        }
+    }
+}
+
 template <class V, int R, int E>
 inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
     using T = typename V::T;
     constexpr int NV = E / V::W;
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n, g = e0 / n;
     const bool coded = kv.v5 || kv.v6;
+    const bool direct6 = V::W == 16 && kv.v6;  // int6 codes straight into lanes (V::v6_codes16)
     const T off = V::set1(v_code_offset(kv));
     T acc[R][NV];
     for (int r = 0; r < R; ++r) {
@@ -1086,15 +1102,27 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
     for (int64_t p0 = 0, b = 0; p0 < L; p0 += BS, ++b) {
         const int64_t m0 = BS < L - p0 ? BS : L - p0;
         const int64_t base = static_cast<int64_t>(kv.table[b]) * BS * H + head;
+        if (coded && p0 + BS < L) {  // the next block's rows from memory while this one computes
+            const int64_t nb = static_cast<int64_t>(kv.table[b + 1]) * BS * H + head;
+            const int64_t nn = BS < L - p0 - BS ? BS : L - p0 - BS, hd = kv.v6 ? 4 : 8;
+            const uint8_t* nib = kv.v + nb * (D / 2) + e0 / 2;
+            const uint8_t* high = kv.v_high + nb * (D / hd) + e0 / hd;
+            for (int64_t s = 0; s < nn; ++s) {
+                __builtin_prefetch(nib + s * H * (D / 2));
+                __builtin_prefetch(high + s * H * (D / hd));
+            }
+        }
         for (int64_t s0 = 0; s0 < m0; s0 += kAttnCodeRows) {
             const int64_t m = kAttnCodeRows < m0 - s0 ? kAttnCodeRows : m0 - s0;
-            if (coded) {
+            if (coded && !direct6) {
                 for (int64_t s = 0; s < m; ++s) v_code_bytes_at(kv, base + (s0 + s) * H, e0, E, codes + s * E);
             }
             for (int64_t s = s0; s < s0 + m; ++s) {
                 const int64_t idx = base + s * H, p = p0 + s;
                 T x[NV];
-                if (coded) {
+                if (direct6) {
+                    v6_lanes<V, NV>(kv, idx, e0, off, x);
+                } else if (coded) {
                     for (int w = 0; w < NV; ++w) x[w] = V::sub(V::load_i8(codes + (s - s0) * E + w * V::W), off);
                 } else {
                     decode_v4_at<V>(kv, idx, e0, E, row);
@@ -1130,6 +1158,73 @@ inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, con
     }
 }
 
+// The cache index of (position p, head) for p = 0, 1, 2, ... without a division per step.
+struct KvWalk {
+    const KvCache& kv;
+    int64_t head, b = 0, slot = 0, idx;
+    KvWalk(const KvCache& c, int64_t h) : kv(c), head(h), idx(c.index(0, h)) {}
+    void next() {
+        if (++slot < kv.block_size) {
+            idx += kv.n_kv_heads;
+            return;
+        }
+        slot = 0;
+        ++b;
+        if (b < kv.table_len) idx = (static_cast<int64_t>(kv.table[b]) * kv.block_size) * kv.n_kv_heads + head;
+    }
+};
+
+// attn_group's scores for the positions [0, 16 floor(L / 16)) with AVX-512: each dot16 as
+// there (one 16-lane accumulator from +0, multiply then add, chunk by chunk), but the
+// folds of 16 positions done together (V::fold16x16, the same adds) and the scaling
+// (dot * k_scale) * scale in vector lanes.  Returns the first position it did not score.
+template <class V>
+inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t, float* S) {
+    constexpr int64_t kMaxD = 128;
+    const int64_t D = kv.head_dim, L = t.L0, R = t.nq;
+    if constexpr (V::W != 16) {
+        return 0;
+    } else {
+        if (D % 16 != 0 || D > kMaxD) return 0;
+        using T = typename V::T;
+        alignas(64) float kb[16 * kMaxD];  // the 16 K rows as float
+        alignas(64) float ks[16];
+        const int64_t C = D / 16;
+        int64_t p0 = 0;
+        KvWalk at(kv, head), ahead(kv, head);  // the rows of this batch, the next batch's
+        for (int64_t s = 0; s < 16 && s < L; ++s) ahead.next();
+        for (; p0 + 16 <= L; p0 += 16) {
+            for (int64_t s = 0; s < 16 && p0 + 16 + s < L; ++s) {  // from memory while this batch computes
+                __builtin_prefetch(kv.quantized ? static_cast<const void*>(kv.k + ahead.idx * D) : kv.kf + ahead.idx * D);
+                ahead.next();
+            }
+            for (int64_t s = 0; s < 16; ++s) {
+                const int64_t idx = at.idx;
+                at.next();
+                if (kv.quantized) {
+                    for (int64_t c = 0; c < C; ++c) V::store(kb + s * D + c * 16, V::load_i8(kv.k + idx * D + c * 16));
+                    ks[s] = k_scale_at<V>(kv, idx);
+                } else {
+                    std::memcpy(kb + s * D, kv.kf + idx * D, static_cast<size_t>(D) * sizeof(float));
+                }
+            }
+            const T vks = V::load(ks), vscale = V::set1(t.scale);
+            for (int64_t r = 0; r < R; ++r) {
+                const float* q = t.q + r * D;
+                T acc[16];
+                for (int s = 0; s < 16; ++s) {
+                    T a = V::zero();
+                    for (int64_t c = 0; c < C; ++c) a = V::add(a, V::mul(V::load(q + c * 16), V::load(kb + s * D + c * 16)));
+                    acc[s] = a;
+                }
+                const T dot = V::fold16x16(acc);
+                V::store(S + r * L + p0, kv.quantized ? V::mul(V::mul(dot, vks), vscale) : V::mul(dot, vscale));
+            }
+        }
+        return p0;
+    }
+}
+
 template <class V>
 void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
@@ -1137,8 +1232,9 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
     float* krow = sc + lay.krow;
     float* row = sc + lay.vrows;
     float* S = sc + lay.sc;
-    for (int64_t p = 0, idx = 0; p < L; ++p) {
-        idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
+    const int64_t p16 = group_scores16<V>(kv, head, t, S);
+    for (int64_t p = p16, idx = 0; p < L; ++p) {
+        idx = p % kv.block_size != 0 && p > p16 ? idx + kv.n_kv_heads : kv.index(p, head);
         const float* kr = kv.kf + idx * D;
         if (kv.quantized) {
             const int8_t* kq = kv.k + idx * D;

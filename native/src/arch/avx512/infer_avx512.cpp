@@ -58,6 +58,43 @@ struct V16 {
         const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
         return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
     }
+    // float(code) of 16 int6 V elements (v_code_bytes_at's layout): low nibbles from nb[0, 8),
+    // 2 high bits each from hb[0, 4).  The same integers, so the same floats.
+    static T v6_codes16(const uint8_t* nb, const uint8_t* hb) {
+        uint32_t h;
+        std::memcpy(&h, hb, 4);
+        const __m128i pair = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m128i quad = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(nb)), pair));
+        const __m512i hi = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(h)), quad));
+        const __m512i lsh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        const __m512i hsh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+        const __m512i c = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(lo, lsh), _mm512_set1_epi32(15)),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, hsh), _mm512_set1_epi32(3)), 4));
+        return _mm512_cvtepi32_ps(c);
+    }
+    // fold16 of 16 vectors at once: lane p of the result = fold16(&a[p]).  The same adds
+    // (lane i + lane i + h for h = 8, 4, 2, 1, in that operand order) with two vectors'
+    // halves paired per shuffle, so the same bits; positions end up in lane 4 (p % 4) + p / 4.
+    static T fold16x16(const T (&a)[16]) {
+        T s1[8], s2[4], s3[2];
+        for (int j = 0; j < 8; ++j) {  // lanes i + (i + 8): blocks 0-1 of a[2j], 2-3 of a[2j + 1]
+            s1[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        for (int k = 0; k < 4; ++k) {  // + 4: block b = vector 4k + b
+            s2[k] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * k], s1[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(s1[2 * k], s1[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+        for (int m = 0; m < 2; ++m) {  // + 2: block b = [8m + b, 8m + b, 8m + 4 + b, 8m + 4 + b]
+            s3[m] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(s2[2 * m], s2[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        const T r = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        return _mm512_permutexvar_ps(order, r);  // lane p = position p
+    }
     static uint32_t max_abs_bits(const float* x, int64_t n) {
         const __m512i mask = _mm512_set1_epi32(0x7fffffff);
         __m512i m = _mm512_setzero_si512();
