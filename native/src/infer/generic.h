@@ -1162,7 +1162,8 @@ inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, con
 struct KvWalk {
     const KvCache& kv;
     int64_t head, b = 0, slot = 0, idx;
-    KvWalk(const KvCache& c, int64_t h) : kv(c), head(h), idx(c.index(0, h)) {}
+    KvWalk(const KvCache& c, int64_t h, int64_t p = 0)
+        : kv(c), head(h), b(p / c.block_size), slot(p % c.block_size), idx(c.index(p, h)) {}
     void next() {
         if (++slot < kv.block_size) {
             idx += kv.n_kv_heads;
@@ -1177,24 +1178,26 @@ struct KvWalk {
 // attn_group's scores for the positions [0, 16 floor(L / 16)) with AVX-512: each dot16 as
 // there (one 16-lane accumulator from +0, multiply then add, chunk by chunk), but the
 // folds of 16 positions done together (V::fold16x16, the same adds) and the scaling
-// (dot * k_scale) * scale in vector lanes.  Returns the first position it did not score.
+// (dot * k_scale) * scale in vector lanes.  Only positions [p_begin, p_end) (p_begin a
+// multiple of 16, so the same batches whatever the range).  Returns the first position it
+// did not score.
 template <class V>
-inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t, float* S) {
+inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t, float* S, int64_t p_begin, int64_t p_end) {
     constexpr int64_t kMaxD = 128;
     const int64_t D = kv.head_dim, L = t.L0, R = t.nq;
     if constexpr (V::W != 16) {
-        return 0;
+        return p_begin;
     } else {
-        if (D % 16 != 0 || D > kMaxD) return 0;
+        if (D % 16 != 0 || D > kMaxD) return p_begin;
         using T = typename V::T;
         alignas(64) float kb[16 * kMaxD];  // the 16 K rows as float
         alignas(64) float ks[16];
         const int64_t C = D / 16;
-        int64_t p0 = 0;
-        KvWalk at(kv, head), ahead(kv, head);  // the rows of this batch, the next batch's
-        for (int64_t s = 0; s < 16 && s < L; ++s) ahead.next();
-        for (; p0 + 16 <= L; p0 += 16) {
-            for (int64_t s = 0; s < 16 && p0 + 16 + s < L; ++s) {  // from memory while this batch computes
+        int64_t p0 = p_begin;
+        KvWalk at(kv, head, p0), ahead(kv, head, p0);  // the rows of this batch, the next batch's
+        for (int64_t s = 0; s < 16 && p0 + s < p_end; ++s) ahead.next();
+        for (; p0 + 16 <= p_end; p0 += 16) {
+            for (int64_t s = 0; s < 16 && p0 + 16 + s < p_end; ++s) {  // from memory while this batch computes
                 __builtin_prefetch(kv.quantized ? static_cast<const void*>(kv.k + ahead.idx * D) : kv.kf + ahead.idx * D);
                 ahead.next();
             }
@@ -1225,15 +1228,13 @@ inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t
     }
 }
 
+// attn_group's scores of positions [p_begin, p_end) (p_begin a multiple of 16) into S
+// (rows of t.L0): every position gets the same operations whatever the range.
 template <class V>
-void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
-    const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
-    const AttnScratch lay(1, L, D);
-    float* krow = sc + lay.krow;
-    float* row = sc + lay.vrows;
-    float* S = sc + lay.sc;
-    const int64_t p16 = group_scores16<V>(kv, head, t, S);
-    for (int64_t p = p16, idx = 0; p < L; ++p) {
+void group_scores(const KvCache& kv, int64_t head, const AttnTile& t, float* S, int64_t p_begin, int64_t p_end, float* krow) {
+    const int64_t D = kv.head_dim, R = t.nq, L = t.L0;
+    const int64_t p16 = group_scores16<V>(kv, head, t, S, p_begin, p_end);
+    for (int64_t p = p16, idx = 0; p < p_end; ++p) {
         idx = p % kv.block_size != 0 && p > p16 ? idx + kv.n_kv_heads : kv.index(p, head);
         const float* kr = kv.kf + idx * D;
         if (kv.quantized) {
@@ -1249,8 +1250,21 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
             S[r * L + p] = kv.quantized ? (dot * ks) * t.scale : dot * t.scale;
         }
     }
+}
+
+// One score row's softmax numerators in place; returns 1 / their sum.
+template <class V>
+float group_softmax(float* sj, const AttnTile& t) {
+    softmax_numerators<V>(sj, t.L0, t);
+    return 1.0f / sum16<V>(sj, t.L0);
+}
+
+// attn_group's output elements [e0, e1) of its R heads from the numerators S and the
+// 1 / sums inv.
+template <class V>
+void group_v(const KvCache& kv, int64_t head, const AttnTile& t, const float* S, const float* inv, float* row) {
+    const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
     for (int64_t r = 0; r < R; ++r) {
-        softmax_numerators<V>(S + r * L, L, t);
         for (int64_t i = t.e0; i < t.e1; ++i) t.out[r * D + i] = 0.0f;
     }
     const bool fast = group_v_fast<V, 32>(kv, head, t, S) || group_v_fast<V, 64>(kv, head, t, S);
@@ -1276,13 +1290,31 @@ void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
         }
     }
     for (int64_t r = 0; r < R; ++r) {
-        const float inv = 1.0f / sum16<V>(S + r * L, L);
-        const typename V::T vi = V::set1(inv);
+        const typename V::T vi = V::set1(inv[r]);
         float* o = t.out + r * D;
         int64_t i = t.e0;
         for (; i + V::W <= t.e1; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
-        for (; i < t.e1; ++i) o[i] = o[i] * inv;
+        for (; i < t.e1; ++i) o[i] = o[i] * inv[r];
     }
+}
+
+template <class V>
+void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
+    const int64_t L = t.L0;
+    const AttnScratch lay(1, L, kv.head_dim);
+    float* S = t.S != nullptr ? t.S : sc + lay.sc;
+    if (t.phase == AttnTile::kScores) return group_scores<V>(kv, head, t, S, t.p0, t.p1, sc + lay.krow);
+    if (t.phase == AttnTile::kSoftmax) {
+        for (int64_t r = 0; r < t.nq; ++r) t.inv[r] = group_softmax<V>(S + r * L, t);
+        return;
+    }
+    float inv_own[AttnScratch::kMaxHeads];
+    float* inv = t.inv != nullptr ? t.inv : inv_own;
+    if (t.phase == AttnTile::kWhole) {
+        group_scores<V>(kv, head, t, S, 0, L, sc + lay.krow);
+        for (int64_t r = 0; r < t.nq; ++r) inv[r] = group_softmax<V>(S + r * L, t);
+    }
+    group_v<V>(kv, head, t, S, inv, sc + lay.vrows);
 }
 
 template <class V>

@@ -155,6 +155,14 @@ struct AttnTile {
     // e1 > 0: the nq (== per) heads of one token, rows of D at q and out, and only output
     // elements [e0, e1) (multiples of 8) are written: one part of a decode step.
     int64_t e0 = 0, e1 = 0;
+    // A decode step's kv head split over threads in phases (e1 > 0): kScores the positions
+    // [p0, p1) of the heads' score rows S (rows of L0, shared), kSoftmax their numerators
+    // and 1 / sums inv, kValues output elements [e0, e1) from them; kWhole all of it alone.
+    enum Phase { kWhole, kScores, kSoftmax, kValues };
+    Phase phase = kWhole;
+    int64_t p0 = 0, p1 = 0;
+    float* S = nullptr;
+    float* inv = nullptr;
 };
 // The scratch of attn_heads (floats, offsets 64-byte aligned from a 64-byte aligned base)
 // for nq queries over at most Lmax positions.  One query (decode): its scores and a K / V

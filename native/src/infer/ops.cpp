@@ -30,7 +30,7 @@ uint8_t* scratch(int slot, int64_t bytes) {
         int64_t n = 0;
         ~Buf() { std::free(p); }
     };
-    thread_local Buf bufs[6];
+    thread_local Buf bufs[7];
     Buf& b = bufs[slot];
     if (b.n < bytes) {
         std::free(b.p);
@@ -339,6 +339,58 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     return {};
 }
 
+// A decode step's grouped attention over the threads in three phases, so no score is
+// computed twice: the score rows of every kv head by position halves, their softmax row
+// by row, then the V sums by output halves (attn_group's operations, so the same bits).
+static void attend_phased(const KvCache& kv, const AttnArgs& a, int64_t bytes) {
+    const InferTable& tb = active();
+    const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv, L = a.start + 1;
+    constexpr int64_t kHalves = 2;
+    const int64_t mid = L / kHalves / 16 * 16;  // (a multiple of 16: group_scores16's batches)
+    auto* S = reinterpret_cast<float*>(scratch(6, (Hq * L + Hq) * static_cast<int64_t>(sizeof(float))));
+    float* inv = S + Hq * L;
+    const auto tile_of = [&](int64_t g, AttnTile::Phase phase) {
+        AttnTile t;
+        t.scale = a.scale;
+        t.window = a.window;
+        t.softcap = a.softcap;
+        t.q = a.q + g * rep * D;
+        t.out = a.out + g * rep * D;
+        t.nq = t.per = rep;
+        t.L0 = L;
+        t.e1 = D;
+        t.phase = phase;
+        t.S = S + g * rep * L;
+        t.inv = inv + g * rep;
+        return t;
+    };
+    const auto run = [&](int64_t tasks, auto&& task) {
+        pool().parallel_chunks(tasks, pool().chunk_count(tasks, 1, 1), [&](int64_t, int64_t i0, int64_t i1) {
+            auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
+            for (int64_t i = i0; i < i1; ++i) task(i, sc);
+        });
+    };
+    run(Hkv * kHalves, [&](int64_t i, float* sc) {
+        AttnTile t = tile_of(i / kHalves, AttnTile::kScores);
+        t.p0 = i % kHalves == 0 ? 0 : mid;
+        t.p1 = i % kHalves == 0 ? mid : L;
+        tb.attn_heads(kv, i / kHalves, t, sc);
+    });
+    run(Hq, [&](int64_t i, float* sc) {
+        AttnTile t = tile_of(i / rep, AttnTile::kSoftmax);
+        t.nq = 1;
+        t.S += (i % rep) * L;
+        t.inv += i % rep;
+        tb.attn_heads(kv, i / rep, t, sc);
+    });
+    run(Hkv * kHalves, [&](int64_t i, float* sc) {
+        AttnTile t = tile_of(i / kHalves, AttnTile::kValues);
+        t.e0 = (i % kHalves) * (D / kHalves);
+        t.e1 = t.e0 + D / kHalves;
+        tb.attn_heads(kv, i / kHalves, t, sc);
+    });
+}
+
 void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const InferTable& tb = active();
     KvCache kv = kv_in;
@@ -373,7 +425,9 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
     const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(tile_tokens, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
-    pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
+    if (group && parts > 1) {
+        attend_phased(kv, a, bytes);
+    } else pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
         auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
         for (int64_t i = i0; i < i1; ++i) {
             AttnTile t;
