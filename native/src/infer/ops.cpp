@@ -3,6 +3,7 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -339,9 +340,10 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     return {};
 }
 
-// A decode step's grouped attention over the threads in three phases, so no score is
-// computed twice: the score rows of every kv head by position halves, their softmax row
-// by row, then the V sums by output halves (attn_group's operations, so the same bits).
+// A decode step's grouped attention over the threads in two phases, so no score is
+// computed twice: the score rows of every kv head by position halves (the half that ends
+// last runs their softmax), then the V sums by output halves (attn_group's operations, so
+// the same bits).
 static void attend_phased(const KvCache& kv, const AttnArgs& a, int64_t bytes) {
     const InferTable& tb = active();
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv, L = a.start + 1;
@@ -370,18 +372,17 @@ static void attend_phased(const KvCache& kv, const AttnArgs& a, int64_t bytes) {
             for (int64_t i = i0; i < i1; ++i) task(i, sc);
         });
     };
+    std::vector<std::atomic<int>> scored(static_cast<size_t>(Hkv));  // halves done per kv head
     run(Hkv * kHalves, [&](int64_t i, float* sc) {
-        AttnTile t = tile_of(i / kHalves, AttnTile::kScores);
+        const int64_t g = i / kHalves;
+        AttnTile t = tile_of(g, AttnTile::kScores);
         t.p0 = i % kHalves == 0 ? 0 : mid;
         t.p1 = i % kHalves == 0 ? mid : L;
-        tb.attn_heads(kv, i / kHalves, t, sc);
-    });
-    run(Hq, [&](int64_t i, float* sc) {
-        AttnTile t = tile_of(i / rep, AttnTile::kSoftmax);
-        t.nq = 1;
-        t.S += (i % rep) * L;
-        t.inv += i % rep;
-        tb.attn_heads(kv, i / rep, t, sc);
+        tb.attn_heads(kv, g, t, sc);
+        // The last half of a kv head to finish runs its softmax (no barrier between).
+        if (scored[static_cast<size_t>(g)].fetch_add(1, std::memory_order_acq_rel) != kHalves - 1) return;
+        t.phase = AttnTile::kSoftmax;
+        tb.attn_heads(kv, g, t, sc);
     });
     run(Hkv * kHalves, [&](int64_t i, float* sc) {
         AttnTile t = tile_of(i / kHalves, AttnTile::kValues);
