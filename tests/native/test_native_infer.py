@@ -735,6 +735,31 @@ def test_results_identical_for_any_thread_count(threads: None) -> None:
     assert same_bits(results[0], results[1]) and same_bits(results[0], results[2])
 
 
+def test_long_decode_attention_identical_for_any_thread_count(threads: None) -> None:
+    # From ~60 positions on, two threads split a decode step's scores by positions and its
+    # V sums by output halves: every output must keep the one-thread (and prefill) bits.
+    Hq, start, T = 9, 40, NB * BS - 40
+
+    def filled():
+        cache = make_cache()
+        kx, vx = kv_tokens(start + T, seed=4)
+        k.kv_write(kx[:start], vx[:start], *cache, TABLE, 0)
+        return cache, kx[start:], vx[start:], rng(6).standard_normal((T, Hq, D)).astype(np.float32)
+
+    def run_decode():
+        cache, kx, vx, q = filled()
+        steps = [k.attention_decode(q[t], kx[t], vx[t], *cache, TABLE, start + t) for t in range(T)]
+        return np.stack(steps)
+
+    results = []
+    for n in (1, 2):
+        k.set_threads(n)
+        results.append(run_decode())
+    cache, kx, vx, q = filled()
+    prefill = k.attention_prefill(q, kx, vx, *cache, TABLE, start)
+    assert same_bits(results[0], results[1]) and same_bits(results[0], prefill)
+
+
 def test_set_threads_validation(threads: None) -> None:
     with pytest.raises(ValueError):
         k.set_threads(0)
