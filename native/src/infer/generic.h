@@ -1065,10 +1065,10 @@ inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
 
 // ---- decode: the query heads of one token that share a kv head --------------------------
 // t.nq == t.per heads over positions [0, t.L0), output elements [t.e0, t.e1) only: each K
-// row is converted once for all the heads and each V row once for all of them, and a kv
-// head's work splits over its output elements (every part computes the scores and the
-// softmax whole).  Per head these are the operations of the one-query path (attn_heads),
-// so the same bits.
+// row is converted once for all the heads and each V row once for all of them.  With 2+
+// threads a kv head's work runs in phases (AttnTile::Phase): its scores by position
+// ranges, their softmax, its V sums by output elements.  Per head these are the
+// operations of the one-query path (attn_heads), so the same bits.
 // attn_group's output sums for R heads and E elements from e0 (inside one V group) with
 // the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
 // assembled first (as attn_v_regs): the same operations as its memory loop.

@@ -398,17 +398,15 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     AttnArgs a = a_in;
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     const bool decode = a.T == 1;
-    // Decode: one task per kv head (per half of its output elements with 2+ threads) with
-    // all of its query heads, so each K / V row is converted once for them (one task per
-    // query head without GQA).  Prefill: one task per (kv head, tile of tokens) with
+    // Decode: one task per kv head (with 2+ threads: attend_phased's phases) with all of
+    // its query heads, so each K / V row is converted once for them (one task per query
+    // head without GQA).  Prefill: one task per (kv head, tile of tokens) with
     // all of its query heads (the queries fill vector lanes), so each K / V row
     // is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
     const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
-    // (the parts repeat the scores, so only where threads share them; the bits do not
-    // depend on their number)
     const bool split = work >= kParallelMin && pool().threads() > 1;
-    const int64_t parts = group && split && D % 16 == 0 ? 2 : 1;
+    const bool phased = group && split && D % 16 == 0;  // (the bits do not depend on it)
     if (decode && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
         kv.rotate = false;
         a.q = rotated(5, a.rot_q, a.q, a.qts, 1, Hq, D);
@@ -422,11 +420,11 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const bool small = !decode && split && a.T <= kSmallPass && a.T * rep > kLanes;
     const int64_t tile_tokens = small ? std::max<int64_t>(1, kLanes / rep) : kTile;
     const int64_t tiles = decode ? 1 : (a.T + tile_tokens - 1) / tile_tokens;
-    const int64_t tasks = group ? Hkv * parts : decode ? Hq : Hkv * tiles;
+    const int64_t tasks = group ? Hkv : decode ? Hq : Hkv * tiles;
     const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
     const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(tile_tokens, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
-    if (group && parts > 1) {
+    if (phased) {
         attend_phased(kv, a, bytes);
     } else pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
         auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
@@ -436,13 +434,12 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
             t.window = a.window;
             t.softcap = a.softcap;
             if (group) {
-                const int64_t g = i / parts, part = i % parts;
+                const int64_t g = i;
                 t.q = a.q + g * rep * D;
                 t.out = a.out + g * rep * D;
                 t.nq = t.per = rep;
                 t.L0 = a.start + 1;
-                t.e0 = part * (D / parts);
-                t.e1 = t.e0 + D / parts;
+                t.e1 = D;
                 tb.attn_heads(kv, g, t, sc);
                 continue;
             }
