@@ -421,6 +421,9 @@ class Model:
                 outs.append(self._head(x, stats, projected))
             elif rows:
                 return self._head(x[-1:], stats, projected)[0]
+            del x, projected  # this chunk's activations go before the next one's come
+            if len(chunk) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES:
+                release_freed_memory()  # (and its temporaries: the peak is the last chunk's)
         if every_row:
             return np.concatenate(outs) if len(outs) > 1 else outs[0]
         return None
