@@ -96,7 +96,7 @@ class Tokenizer:
         encoded). Encoding again builds the tokenizer anew (from the package: ~0.2 s).
         False (nothing released): not read from a package, or not byte-level BPE."""
         from .byte_decoder import ByteLevelDecoder
-        from .heap import release_freed_memory
+        from .heap import release_code_pages, release_freed_memory
 
         if self._reload is None or not isinstance(self._impl, _HF):
             return False
@@ -105,6 +105,7 @@ class Tokenizer:
             return False
         self._impl = table
         release_freed_memory()
+        release_code_pages(_library_file())
         return True
 
     def _encoder(self) -> Any:
@@ -188,6 +189,13 @@ class StreamDecoder:
         now = self.tok.decode(self.ids[self._prefix :], self.skip)
         self._prefix = self._read = len(self.ids)
         return now[len(before) :]
+
+
+def _library_file() -> str:
+    """The file of the ``tokenizers`` extension (as the process maps it)."""
+    from tokenizers import tokenizers as extension
+
+    return os.path.realpath(extension.__file__)
 
 
 class _HF:
