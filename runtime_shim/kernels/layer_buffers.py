@@ -66,6 +66,8 @@ def _one_layer(
         _spec("gate_out", T * F * _F32, "gate_up", "act"),
         _spec("up_out", T * F * _F32, "gate_up", "act"),
         _spec("act_out", T * F * _F32, "act", "down"),
+        # the one-call forward's second [T, hidden] buffer, each layer's input or output
+        _spec("stack_x", T * H * _F32, "attn_norm", "down"),
     ]
     if lw.attn_post_norm is not None:
         out.append(_spec("attn_post", T * H * _F32, "o", "o"))

@@ -893,9 +893,17 @@ py::tuple run_stack(std::vector<LayerArgs>& args, std::vector<float>& other, con
     py::array logits;
     if (head != nullptr) logits = py::array(py::dtype::of<float>(), std::vector<py::ssize_t>{rows, head->N});
     float* lp = head != nullptr ? static_cast<float*>(logits.mutable_data()) : nullptr;
-    // layers alternate between `out` and `other` (grown, never zero-filled: each layer writes
-    // all of its output); the final norm runs in place when the last layer wrote `out`
-    if (other.size() < static_cast<size_t>(T * H)) other.resize(static_cast<size_t>(T * H));
+    // layers alternate between `out` and a second buffer: the planned slot stack_x, else
+    // `other` (grown, never zero-filled: each layer writes all of its output); the final
+    // norm runs in place when the last layer wrote `out`
+    const int xs = slot_of(Slot::stack_x);
+    float* second = nullptr;
+    if (arena.plan != nullptr && arena.plan->size[xs] >= T * H * static_cast<int64_t>(sizeof(float))) {
+        second = reinterpret_cast<float*>(arena.base + arena.plan->offset[xs]);
+    } else {
+        if (other.size() < static_cast<size_t>(T * H)) other.resize(static_cast<size_t>(T * H));
+        second = other.data();
+    }
     int64_t done = 0;
     bool head_ok = false;
     {
@@ -904,7 +912,7 @@ py::tuple run_stack(std::vector<LayerArgs>& args, std::vector<float>& other, con
         for (; done < parsed; ++done) {
             LayerArgs& a = args[done];
             a.x = cur;
-            a.out = done % 2 == 0 ? other.data() : outp;
+            a.out = done % 2 == 0 ? second : outp;
             Result kv_error;
             const Fallback r = run_layer(a, arena, kv_error);
             if (r != Fallback::none) {
@@ -968,9 +976,9 @@ struct Stack {
     Lin head;
     bool has_head = false;
     int64_t hidden = 0, nh = 0, nkv = 0, hd = 0;
-    // A call's copy of the layers' fields and its second [T, hidden] buffer, kept for the
-    // next call (no allocation per decode step); a call made while another runs on this
-    // Stack (the GIL is released while the layers run) takes its own.
+    // A call's copy of the layers' fields and its second [T, hidden] buffer (when the arena
+    // plans none), kept for the next call (no allocation per decode step); a call made while
+    // another runs on this Stack (the GIL is released while the layers run) takes its own.
     struct CallBuffers {
         std::vector<LayerArgs> args;
         std::vector<float> other;

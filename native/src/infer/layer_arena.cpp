@@ -17,7 +17,8 @@ namespace {
 
 const char* const kLayerSlotNames[] = {"attn_h", "attn_q8", "attn_s", "q_out", "k_out", "v_out",
                                        "att", "attn_post", "x1", "ffn_h", "ffn_q8", "ffn_s",
-                                       "gate_out", "up_out", "act_out", "ffn_post", "q_rot", "k_rot", "v_rot"};
+                                       "gate_out", "up_out", "act_out", "ffn_post", "q_rot", "k_rot", "v_rot",
+                                       "stack_x"};
 static_assert(sizeof(kLayerSlotNames) / sizeof(kLayerSlotNames[0]) == static_cast<size_t>(Slot::linears),
               "one name per layer slot");
 const char* const kLinearNames[kLinears] = {"q", "k", "v", "o", "gate", "up", "down"};

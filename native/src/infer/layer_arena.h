@@ -16,10 +16,12 @@
 namespace edgepack {
 namespace infer {
 
-// Buffers of the layer itself, then kLinSlots per linear (q, k, v, o, gate, up, down).
+// Buffers of the layer itself (stack_x: the one-call forward's second [T, hidden] buffer,
+// which its layers' outputs alternate with), then kLinSlots per linear (q, k, v, o, gate,
+// up, down).
 enum class Slot : int {
     attn_h, attn_q8, attn_s, q_out, k_out, v_out, att, attn_post, x1,
-    ffn_h, ffn_q8, ffn_s, gate_out, up_out, act_out, ffn_post, q_rot, k_rot, v_rot, linears
+    ffn_h, ffn_q8, ffn_s, gate_out, up_out, act_out, ffn_post, q_rot, k_rot, v_rot, stack_x, linears
 };
 // A linear's input quantized for it (codes, scales), dequantized (low-rank factors read
 // floats), the adapter's float input and its [T, rank] product, and the int8 input laid
