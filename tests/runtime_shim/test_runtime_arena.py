@@ -57,6 +57,31 @@ def test_outputs_are_bit_identical_with_reuse_on_and_off(
             np.testing.assert_array_equal(a, b, strict=True)
 
 
+@pytest.mark.parametrize("kv", ["int8", "float"])
+def test_a_prefill_in_chunks_is_bit_identical_to_one_pass(pkg: Path, kv: str) -> None:
+    """The arena is planned for a prefill chunk, so a long prompt runs in several passes
+    over the cache: its logits at every position are the one pass's, whatever the chunk
+    boundaries (8, 5 and 1 tokens against 64)."""
+    ids = IDS * 2
+    runs = {}
+    for chunk in (64, 8, 5, 1):
+        with rt.open(pkg, kernels="native", kv=kv, verify="none", prefill_chunk=chunk) as m:
+            runs[chunk] = m.logits(ids)
+    for chunk in (8, 5, 1):
+        np.testing.assert_array_equal(runs[chunk], runs[64], strict=True)
+
+
+def test_a_plan_without_the_stacks_second_buffer_gives_the_same_bits(pkg: Path) -> None:
+    """stack_x (the one-call forward's second [T, hidden] buffer) missing from a plan: the
+    Stack takes its own buffer, and the outputs keep their bits."""
+    with rt.open(pkg, kernels="native", verify="none", prefill_chunk=CHUNK) as m:
+        planned = _run(m)
+        assert all("stack_x" in p.table() for p in m.arena.plans.values())
+        m.arena.native = m.kernels.layer_arena(m.arena.nbytes, _spans(m, drop="stack_x"))
+        for a, b in zip(planned, _run(m), strict=True):
+            np.testing.assert_array_equal(a, b, strict=True)
+
+
 def _spans(m: rt.Model, drop: str = "", tokens: int | None = None):
     return [
         (t, {b.spec.name: (b.offset, b.spec.nbytes) for b in p.buffers if b.spec.name != drop})
