@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import mmap
 import sys
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["release_code_pages", "release_freed_memory"]
+__all__ = ["release_code_pages", "release_freed_memory", "release_library_code"]
 
 
 @lru_cache(maxsize=1)
@@ -46,9 +47,9 @@ def release_freed_memory() -> bool:
     return bool(trim(0)) if trim is not None else False
 
 
-def _clean_mappings(path: str) -> list[tuple[int, int]]:
-    """(start, length) of the read-only mappings of file ``path`` that hold no private
-    copy of a page (``Anonymous: 0 kB``: every resident page is the file's own)."""
+def _clean_mappings(wanted: Callable[[str], bool]) -> list[tuple[int, int]]:
+    """(start, length) of the read-only mappings of the files ``wanted`` accepts that hold
+    no private copy of a page (``Anonymous: 0 kB``: every resident page is the file's)."""
     spans: list[tuple[int, int]] = []
     current: tuple[int, int] | None = None
     with open("/proc/self/smaps") as smaps:
@@ -56,7 +57,7 @@ def _clean_mappings(path: str) -> list[tuple[int, int]]:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
                 lo, hi = (int(a, 16) for a in fields[0].split("-"))
-                mapped = len(fields) > 5 and fields[5] == path and "w" not in fields[1]
+                mapped = len(fields) > 5 and wanted(fields[5]) and "w" not in fields[1]
                 current = (lo, hi - lo) if mapped else None
             elif current is not None and fields[0] == "Anonymous:" and fields[1] == "0":
                 spans.append(current)
@@ -67,6 +68,17 @@ def release_code_pages(path: str) -> int:
     """Unmap the resident pages of the shared library at ``path`` from this process (its
     read-only mappings with no private page: code and constants, never relocated data);
     the bytes of the mappings advised (0: none, or not Linux)."""
+    return _release(lambda mapped: mapped == path)
+
+
+def release_library_code() -> int:
+    """:func:`release_code_pages` of every shared library this process maps: after the
+    one-off steps of a run (imports, open, the tokenizer) only the code it runs from then
+    on faults back in. The bytes of the mappings advised."""
+    return _release(lambda mapped: ".so" in mapped.rsplit("/", 1)[-1])
+
+
+def _release(wanted: Callable[[str], bool]) -> int:
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_DONTNEED"):
         return 0
     import ctypes
@@ -74,7 +86,7 @@ def release_code_pages(path: str) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     try:
-        spans = _clean_mappings(path)
+        spans = _clean_mappings(wanted)
     except OSError:
         return 0
     done = 0

@@ -5,7 +5,6 @@ kinds it cannot mirror keep the library's tokenizer."""
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from runtime_fixtures import TRICKY_TEXTS, smollm2_package
 
 from edgepack.runtime_shim import open as open_model
 from edgepack.runtime_shim.byte_decoder import ByteLevelDecoder
-from edgepack.runtime_shim.heap import release_code_pages
-from edgepack.runtime_shim.tokenizer import Tokenizer, _byte_map, _library_file
+from edgepack.runtime_shim.tokenizer import Tokenizer, _byte_map
 
 pytest.importorskip("tokenizers")
 
@@ -90,34 +88,3 @@ def test_ids_containing_a_character_are_those_whose_text_holds_it(released) -> N
     spaced = frozenset(i for i in range(n) if "\n\n" in library.decode([i], False))
     assert tok.ids_containing("\n\n") == spaced
 
-
-def _read_only_resident_kib(path: str) -> int:
-    """Resident KiB of this process's read-only mappings of the file ``path``."""
-    total, counting = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and len(fields) >= 5:
-                counting = len(fields) > 5 and fields[5] == path and "w" not in fields[1]
-            elif counting and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
-def test_the_librarys_code_leaves_the_resident_set_and_runs_again(
-    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """release_encoder unmaps the tokenizers extension's clean pages (its code: ~6 MiB
-    once a prompt is encoded); encoding again faults them back in and gives the same ids."""
-    pkg = smollm2_package(smollm2_gguf, tmp_path_factory.mktemp("smol-code"), "int8")
-    library = _library_file()
-    with open_model(pkg, verify="none") as model:
-        tok = model.tokenizer
-        ids = tok.encode(TRICKY_TEXTS[-1])
-        before = _read_only_resident_kib(library)
-        assert before > 1024
-        assert tok.release_encoder()
-        assert _read_only_resident_kib(library) < before / 4
-        assert tok.encode(TRICKY_TEXTS[-1]) == ids
-    assert release_code_pages(str(tmp_path_factory.getbasetemp() / "not-mapped.so")) == 0
