@@ -58,7 +58,8 @@ ACT_MODES = ("auto", "int8", "float")
 INJECT_ENV = "EDGEPACK_INJECT_OVERFLOW"  # test hook: "3,7" or "all"
 # A forward whose hidden states ([tokens, hidden] float32) reach this many bytes frees
 # prompt-sized buffers (its chunks' activations, the kernels' outputs) that the heap would
-# otherwise keep resident through decode: they are handed back to the OS after it.
+# otherwise keep resident through decode: they are handed back to the OS after it, and
+# before each chunk's layers run (the embedding lookup's temporaries, the previous chunk's).
 _RELEASE_AFTER_BYTES = 1 << 20
 _END_TOKENS = frozenset(
     {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<|end|>"}
@@ -401,6 +402,7 @@ class Model:
         outs = []
         step = self.prefill_chunk
         every_row = logits in ("all", "argmax")
+        trim = len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES
         for c0 in range(0, len(tokens), step):
             chunk = tokens[c0 : c0 + step]
             last_chunk = c0 + step >= len(tokens)
@@ -412,7 +414,7 @@ class Model:
             if logits == "argmax" and self.config.final_softcap is None:
                 picks = np.empty(len(chunk), np.int64)
             x, projected = self._forward_chunk(
-                seq, chunk, stats, collect, forced, adapter, rows, picks
+                seq, chunk, stats, collect, forced, adapter, rows, picks, trim
             )
             if logits == "argmax":
                 native = projected is not None and picks is not None
@@ -422,8 +424,6 @@ class Model:
             elif rows:
                 return self._head(x[-1:], stats, projected)[0]
             del x, projected  # this chunk's activations go before the next one's come
-            if len(chunk) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES:
-                release_freed_memory()  # (and its temporaries: the peak is the last chunk's)
         if every_row:
             return np.concatenate(outs) if len(outs) > 1 else outs[0]
         return None
@@ -438,10 +438,12 @@ class Model:
         adapter: ActiveAdapter | None = None,
         rows: int = 0,
         picks: np.ndarray | None = None,
+        trim: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The chunk's final-normed hidden states and, when the kernels' one-call forward
         ran it all and ``rows`` asks for it, the head's logits of its last ``rows`` rows
-        (their argmax then in ``picks``, when given)."""
+        (their argmax then in ``picks``, when given). ``trim``: the freed heap goes back to
+        the OS before the layers run (a prompt-sized forward: its peak is theirs)."""
         cfg, k = self.config, self.kernels
         start = seq.length
         seq.reserve(chunk)
@@ -450,6 +452,8 @@ class Model:
         table = seq.block_table(n_ctx)
         cos, sin = self.rope.lookup(positions)
         x = self.weights.embed.lookup(chunk)
+        if trim:  # the lookup's temporaries and the previous chunk's, before the layers run
+            release_freed_memory()
         if cfg.embedding_scale is not None:  # float32, as transformers' Gemma scales them
             x = x * np.float32(cfg.embedding_scale)
         if collect is not None:
