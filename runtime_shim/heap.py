@@ -9,7 +9,8 @@ pages; C libraries without it (musl, macOS, Windows) get nothing done here.
 A library's code is resident as far as it ran: the ``tokenizers`` extension's 6.5 MiB
 once a prompt is encoded. :func:`release_code_pages` unmaps those clean file pages from
 the process when it is done with the library (the kernel reads them back if it runs
-again), as it would under memory pressure; Linux only (``/proc/self/smaps``).
+again), as it would under memory pressure; :func:`release_library_code` does it for
+every library once a run's one-off steps are over. Linux only (``/proc/self/smaps``).
 """
 
 from __future__ import annotations

@@ -87,4 +87,3 @@ def test_ids_containing_a_character_are_those_whose_text_holds_it(released) -> N
         assert expected and tok.ids_containing(char) == expected, char
     spaced = frozenset(i for i in range(n) if "\n\n" in library.decode([i], False))
     assert tok.ids_containing("\n\n") == spaced
-
