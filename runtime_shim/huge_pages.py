@@ -65,6 +65,8 @@ def _probe_views(pkg: Package) -> list[np.ndarray]:
     tensors' data (distinct huge pages), taken from the tensors' zero-copy views."""
     parts: list[tuple[int, np.ndarray]] = []
     for name in pkg.tensor_names:
+        if pkg.entry(name).factors:
+            continue  # a low-rank entry's data are its factors, themselves entries
         t = pkg.tensor(name)
         arrays = (t.codes, t.scales, t.zeros) if isinstance(t, QuantizedTensor) else (t,)
         for a in arrays:
