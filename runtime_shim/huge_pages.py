@@ -30,13 +30,14 @@ _PROBES = 8  # pages touched to tell how the file is mapped
 def map_weights_huge(pkg: Package) -> str:
     """Ask for huge pages and make them take: 'huge' (already, or read so), 'refreshed'
     (small cached pages dropped, read back huge), 'small' (the kernel keeps them small),
-    'unsupported' (not Linux, no THP, a file under 2 huge pages). Call it before anything
-    reads the data: what was read before the advice stays small until dropped."""
+    'unsupported' (not Linux, no THP, a file under 2 huge pages, a mapping not aligned to
+    them). Call it before anything reads the data: what was read before the advice stays
+    small until dropped."""
     if sys.platform != "linux" or not _file_thp_possible() or not pkg.advise_huge_pages():
         return "unsupported"
     probes = _probe_views(pkg)
-    if len(probes) < 2:
-        return "unsupported"
+    if len(probes) < 2 or _address(probes[0]) % HUGE_PAGE:
+        return "unsupported"  # (a mapping whose address is not aligned to huge pages)
     if _touch_and_count(pkg, probes):
         return "huge"
     pkg.release_resident_pages()  # mapped pages are never dropped from the cache
@@ -92,8 +93,11 @@ def _touch_and_count(pkg: Package, probes: list[np.ndarray]) -> bool:
     """Fault each probe in; True when the mapping then holds them all in huge pages."""
     for v in probes:
         int(v[0])
-    address = probes[0].__array_interface__["data"][0]
-    return _pmd_mapped_kib(address) >= len(probes) * (HUGE_PAGE >> 10)
+    return _pmd_mapped_kib(_address(probes[0])) >= len(probes) * (HUGE_PAGE >> 10)
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def _pmd_mapped_kib(address: int) -> int:

@@ -47,6 +47,14 @@ def test_not_linux_is_unsupported_and_advises_nothing(big_package, monkeypatch):
         assert map_weights_huge(pkg) == "unsupported"
 
 
+def test_unaligned_mapping_is_unsupported_and_drops_nothing(big_package, monkeypatch):
+    monkeypatch.setattr(huge_pages, "_file_thp_possible", lambda: True)
+    monkeypatch.setattr(huge_pages, "_address", lambda a: HUGE_PAGE + 4096)
+    monkeypatch.setattr(huge_pages.os, "posix_fadvise", lambda *a: pytest.fail("dropped"))
+    with Package.open(big_package) as pkg:
+        assert map_weights_huge(pkg) == "unsupported"
+
+
 def test_small_file_is_unsupported(tmp_path):
     path = tmp_path / "tiny.epk"
     build_package(path, key=None)
