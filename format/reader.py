@@ -139,6 +139,18 @@ class Package:
         if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._mm.madvise(mmap.MADV_DONTNEED)
 
+    def advise_huge_pages(self) -> bool:
+        """Ask for the mapping in 2 MiB pages (``MADV_HUGEPAGE``): pages read in from now on
+        come in huge page-cache folios, one TLB entry each instead of 512. Takes only
+        before the data is first read; False where the platform has no such advice."""
+        if self._mm is None or not hasattr(mmap, "MADV_HUGEPAGE"):
+            return False
+        try:
+            self._mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel built without transparent huge pages
+            return False
+        return True
+
     def __enter__(self) -> Package:
         return self
 

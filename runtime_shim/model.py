@@ -33,6 +33,7 @@ from .capabilities import runtime_capabilities
 from .config import LlamaConfig, RopeTable
 from .errors import InvalidRequestError, NumericError
 from .heap import release_freed_memory
+from .huge_pages import map_weights_huge
 from .integrity import check_weights
 from .kernels import (
     Fallback,
@@ -117,6 +118,7 @@ def open(
     kv_config = KVCacheConfig(mode=kv, block_size=kv_block_size, budget_bytes=kv_budget_bytes)
     pkg = Package.open(path, capabilities=runtime_capabilities())
     try:
+        _log.debug("weights of %s in 2 MiB pages: %s", path, map_weights_huge(pkg))
         if verify == "full":
             pkg.verify(keys, threshold=threshold)
         elif verify == "signature":
