@@ -70,14 +70,18 @@ def _truth(item: dict, max_tokens: int) -> list[int]:
     return out + ([item["stops"][0]] if ended else [])  # the stop token is generated too
 
 
-def copy_runs(context: list[int], truth: list[int]) -> list[int]:
+def copy_runs(context: list[int], truth: list[int], back: int = 0) -> list[int]:
     """``runs[i]``: the longest ``L`` with ``truth[i:i + L]`` occurring in ``context +
-    truth[:i]`` (what a drafter that always picked the best occurrence could copy at i)."""
+    truth[:i]`` (what a drafter that always picked the best occurrence could copy at i),
+    of the occurrences whose ``back`` tokens before agree with the context's last ones
+    (0: any; n: those an n-gram suffix match finds)."""
     seq = context + truth
     runs = []
     for i in range(len(truth)):
         end, best = len(context) + i, 0
-        for s in range(end):
+        for s in range(back, end):
+            if seq[s - back : s] != seq[end - back : end]:
+                continue
             n = 0
             while s + n < end and end + n < len(seq) and seq[s + n] == seq[end + n]:
                 n += 1
@@ -187,12 +191,16 @@ def replay(
             sizes: collections.Counter[int] = collections.Counter()
             plain_steps, spent = 0, 0.0
             best = 0.0  # the oracle's summed pass cost
+            by_back = collections.Counter()  # the same, of occurrences an n-gram match finds
             for item, src in zip(entry["items"], sources, strict=True):
                 policy = lk_mod.LookupPolicy(costs=pcosts, counts=counts)
                 copyable = None
                 if oracle and run == runs_last:
-                    copyable = copy_runs([*src, *item["prompt"]], _truth(item, max_tokens))
+                    ctx = [*(t for s in src for t in s), *item["prompt"]]
+                    copyable = copy_runs(ctx, _truth(item, max_tokens))
                     best += oracle_cost(copyable, cost)
+                    for n in (1, 2, 3):
+                        by_back[n] += oracle_cost(copy_runs(ctx, _truth(item, max_tokens), n), cost)
                 steps, s = _call(
                     lk_mod, policy, item, src, ends, cost, max_tokens, tot, sizes, copyable
                 )
@@ -208,7 +216,9 @@ def replay(
             if best:
                 print(
                     f"   oracle (every copyable run drafted, cheapest passes): predicted "
-                    f"speedup {plain_steps / best:.2f}x; tokens by what the passes did:"
+                    f"speedup {plain_steps / best:.2f}x (of occurrences after a suffix match of "
+                    + ", ".join(f"{n}: {plain_steps / c:.2f}x" for n, c in sorted(by_back.items()))
+                    + "); tokens by what the passes did:"
                 )
                 for (what, why), v in sorted(tot.items()):
                     if what in ("missed", "wasted"):
