@@ -17,6 +17,11 @@ far) could have drafted, the cheapest schedule of passes over those runs with th
 pass costs, and where the real decoder's passes lose against the runs (no match found,
 the policy drafting nothing, a wrong occurrence, a draft too long or too short).
 
+``--noise P`` has the policy time the passes itself, as a session does, on a busy host:
+each pass's time is its cost with a lognormal jitter (sigma 0.15) and, with chance ``P``,
+a spike of 2-4x (another process on the core); the speedup is still counted at the
+fixed costs, so what it shows is what misjudging the costs loses.
+
     python bench/lookup_replay.py --record [--int8 PKG] [--int4 PKG]   # ~1 min
     python bench/lookup_replay.py --costs-int4 1,1.23,...  [--verbose] [--oracle]
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -138,9 +144,10 @@ def _losses(dec, draft: list[int], future: list[int], run: int, limit: int,
 
 def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_tokens: int,
           tot: collections.Counter, sizes: collections.Counter,
-          runs: list[int] | None = None) -> tuple[int, float]:
+          runs: list[int] | None = None, timer=None) -> tuple[int, float]:
     """One generate call replayed: (plain decode steps, summed cost of its passes); with
-    ``runs`` (:func:`copy_runs`) it sorts the passes' losses into ``tot`` too."""
+    ``runs`` (:func:`copy_runs`) it sorts the passes' losses into ``tot`` too; with
+    ``timer`` (a pass's cost -> the seconds it is timed at) the decoder times its passes."""
     truth = _truth(item, max_tokens)
     ends = ends | set(item["stops"])  # as the session has them
     dec = lk_mod.LookupDecoder(policy, item["prompt"], None, sources=sources, ends=ends)
@@ -156,6 +163,8 @@ def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_toke
             _losses(dec, draft, truth[at:], runs[at], limit, tot)
         sizes[len(draft) + 1] += 1
         spent += cost[len(draft)]
+        if timer is not None:
+            dec.timed(len(draft) + 1, timer(cost[len(draft)]))
         if draft:
             m = dec.matched
             tot["drafted", m] += len(draft)
@@ -170,7 +179,8 @@ def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_toke
 
 
 def replay(
-    data: dict, costs: dict[str, list[float]], runs: int, verbose: bool, oracle: bool = False
+    data: dict, costs: dict[str, list[float]], runs: int, verbose: bool, oracle: bool = False,
+    noise: float | None = None,
 ) -> None:
     from edgepack import runtime_shim as rt
     from edgepack.runtime_shim import lookup as lk_mod
@@ -182,7 +192,16 @@ def replay(
         model.close()
         cost = costs[key]
         pcosts = lk_mod.PassCosts()
-        pcosts.seconds.update(enumerate(cost, 1))
+        timer = None
+        if noise is None:
+            pcosts.seconds.update(enumerate(cost, 1))
+        else:
+            rng = random.Random(0)
+
+            def timer(c: float) -> float:
+                spike = rng.uniform(2.0, 4.0) if rng.random() < noise else 1.0
+                return c * spike * rng.lognormvariate(0.0, 0.15)
+
         counts: dict[int, tuple[float, float]] = {}  # shared by the calls, as per model
         runs_last = runs - 1
         for run in range(-1, runs):  # -1: the bench's warm-up (16 tokens each)
@@ -202,7 +221,7 @@ def replay(
                     for n in (1, 2, 3):
                         by_back[n] += oracle_cost(copy_runs(ctx, _truth(item, max_tokens), n), cost)
                 steps, s = _call(
-                    lk_mod, policy, item, src, ends, cost, max_tokens, tot, sizes, copyable
+                    lk_mod, policy, item, src, ends, cost, max_tokens, tot, sizes, copyable, timer
                 )
                 plain_steps, spent = plain_steps + steps, spent + s
             accepted = sum(v for (what, _), v in tot.items() if what == "accepted")
@@ -250,6 +269,7 @@ def main() -> int:
     ap.add_argument("--costs-int4")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--oracle", action="store_true", help="a perfect drafter's figures too")
+    ap.add_argument("--noise", type=float, help="the policy times passes, spikes at this chance")
     args = ap.parse_args()
     if args.record:
         record(args, Path(args.data))
@@ -261,7 +281,8 @@ def main() -> int:
             costs[key] = [float(x) for x in given.split(",")]
             if len(costs[key]) < 9:
                 ap.error(f"--costs-{key}: 9 costs, of passes of 1..9 tokens")
-    replay(json.loads(Path(args.data).read_text()), costs, args.runs, args.verbose, args.oracle)
+    data = json.loads(Path(args.data).read_text())
+    replay(data, costs, args.runs, args.verbose, args.oracle, args.noise)
     return 0
 
 
