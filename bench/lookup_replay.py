@@ -149,8 +149,10 @@ def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_toke
     ``runs`` (:func:`copy_runs`) it sorts the passes' losses into ``tot`` too; with
     ``timer`` (a pass's cost -> the seconds it is timed at) the decoder times its passes."""
     truth = _truth(item, max_tokens)
-    ends = ends | set(item["stops"])  # as the session has them
-    dec = lk_mod.LookupDecoder(policy, item["prompt"], None, sources=sources, ends=ends)
+    stops = frozenset(item["stops"])  # as the session has them
+    dec = lk_mod.LookupDecoder(
+        policy, item["prompt"], None, sources=sources, ends=ends | stops, stops=stops
+    )
     gen = [truth[0]]  # the first token comes from the prefill
     dec.push(truth[0])
     spent = 0.0
@@ -248,7 +250,8 @@ def replay(
                     est = table.get(m, table[0])
                     rate = tot["accepted", m] / tot["trials", m]
                     print(
-                        f"   after a {m}-token match: accepted/drafted "
+                        f"   after a {abs(m)}-token match"
+                        f"{' (occurrences disagree)' if m < 0 else ''}: accepted/drafted "
                         f"{tot['accepted', m]}/{tot['drafted', m]}, rejected at once "
                         f"{tot['rejected at once', m]}, per token {rate:.2f} "
                         f"(policy's estimate at the end {est[0] / est[1]:.2f})"
