@@ -40,11 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runtime import _packages, _paragraphs, _rewrite_prompt
 
 # pass cost by token count (1..9) relative to one decode step: int8 measured on this
-# machine (after 200 tokens, native kernels, 2 threads, busy), int4 T = 2/4/5/8 from the
-# issue's measurement, the sizes between interpolated
+# machine (after 200 tokens, native kernels, 2 threads, busy); int4 of the build of
+# 2026-12-02 (T = 4/5/8 ~1.5/1.65/2.2 as measured for issue 14, the sizes between from
+# paired T-vs-1 timings on a busy host, medians)
 DEFAULT_COSTS = {
     "int8": [1.0, 1.15, 1.22, 1.33, 1.4, 1.52, 1.65, 1.75, 2.0],
-    "int4": [1.0, 1.23, 1.34, 1.45, 1.53, 1.78, 2.05, 2.31, 2.5],
+    "int4": [1.0, 1.3, 1.4, 1.5, 1.65, 1.85, 2.0, 2.2, 2.5],
 }
 
 
