@@ -181,6 +181,17 @@ def _call(lk_mod, policy, item: dict, sources, ends, cost: list[float], max_toke
     return len(truth) - 1, spent
 
 
+def _busy_timer(noise: float, seed: int = 0):
+    """A pass's cost -> the seconds a busy host times it at (``--noise``)."""
+    rng = random.Random(seed)
+
+    def timer(c: float) -> float:
+        spike = rng.uniform(2.0, 4.0) if rng.random() < noise else 1.0
+        return c * spike * rng.lognormvariate(0.0, 0.15)
+
+    return timer
+
+
 def replay(
     data: dict, costs: dict[str, list[float]], runs: int, verbose: bool, oracle: bool = False,
     noise: float | None = None,
@@ -199,12 +210,7 @@ def replay(
         if noise is None:
             pcosts.seconds.update(enumerate(cost, 1))
         else:
-            rng = random.Random(0)
-
-            def timer(c: float) -> float:
-                spike = rng.uniform(2.0, 4.0) if rng.random() < noise else 1.0
-                return c * spike * rng.lognormvariate(0.0, 0.15)
-
+            timer = _busy_timer(noise)
         counts: dict[int, tuple[float, float]] = {}  # shared by the calls, as per model
         runs_last = runs - 1
         for run in range(-1, runs):  # -1: the bench's warm-up (16 tokens each)
