@@ -14,7 +14,8 @@ the per-token acceptance against the policy's estimate of it.
 ``--oracle`` adds what a perfect drafter would reach: at each position the longest run
 of the true continuation that some earlier occurrence (draft sources, prompt and text so
 far) could have drafted, the cheapest schedule of passes over those runs with the same
-pass costs, and where the real decoder's passes lose against the runs (no match found,
+pass costs (also of the occurrences the decoder chooses: what a perfect draft length
+would reach), and where the real decoder's passes lose against the runs (no match found,
 the policy drafting nothing, a wrong occurrence, a draft too long or too short).
 
 ``--noise P`` has the policy time the passes itself, as a session does, on a busy host:
@@ -106,6 +107,23 @@ def oracle_cost(runs: list[int], cost: list[float]) -> float:
         top = min(runs[i], len(cost) - 1, n - 1 - i)
         best[i] = min(cost[k] + best[i + k + 1] for k in range(top + 1))
     return best[1] if n > 1 else 0.0
+
+
+def found_runs(lk_mod, item: dict, sources, ends, max_tokens: int, max_draft: int) -> list[int]:
+    """``runs[i]``: how many of the draft the decoder's index finds at ``i`` (of its
+    chosen occurrence, up to ``max_draft``) are right: what it would carry if the policy
+    always knew the right draft length."""
+    truth = _truth(item, max_tokens)
+    stops = frozenset(item["stops"])
+    dec = lk_mod.LookupDecoder(
+        lk_mod.LookupPolicy(), item["prompt"], None, sources=sources, ends=ends | stops,
+        stops=stops,
+    )
+    runs = []
+    for i, t in enumerate(truth):
+        runs.append(_right(dec.index.match(max_draft)[0], truth[i:]))
+        dec.index.push(t)
+    return runs
 
 
 def _right(draft: list[int], future: list[int]) -> int:
@@ -220,6 +238,7 @@ def replay(
             plain_steps, spent = 0, 0.0
             best = 0.0  # the oracle's summed pass cost
             by_back = collections.Counter()  # the same, of occurrences an n-gram match finds
+            chosen = 0.0  # the same, of the occurrences the decoder chooses
             for item, src in zip(entry["items"], sources, strict=True):
                 policy = lk_mod.LookupPolicy(costs=pcosts, counts=counts)
                 copyable = None
@@ -229,6 +248,8 @@ def replay(
                     best += oracle_cost(copyable, cost)
                     for n in (1, 2, 3):
                         by_back[n] += oracle_cost(copy_runs(ctx, _truth(item, max_tokens), n), cost)
+                    found = found_runs(lk_mod, item, src, ends, max_tokens, policy.max_draft)
+                    chosen += oracle_cost(found, cost)
                 steps, s = _call(
                     lk_mod, policy, item, src, ends, cost, max_tokens, tot, sizes, copyable, timer
                 )
@@ -246,7 +267,8 @@ def replay(
                     f"   oracle (every copyable run drafted, cheapest passes): predicted "
                     f"speedup {plain_steps / best:.2f}x (of occurrences after a suffix match of "
                     + ", ".join(f"{n}: {plain_steps / c:.2f}x" for n, c in sorted(by_back.items()))
-                    + "); tokens by what the passes did:"
+                    + f"; of the decoder's occurrences: {plain_steps / chosen:.2f}x); tokens by "
+                    "what the passes did:"
                 )
                 for (what, why), v in sorted(tot.items()):
                     if what in ("missed", "wasted"):
