@@ -27,8 +27,8 @@ expected tokens per verify pass (from the measured acceptance rate) against the
 measured cost of a pass of that size relative to one decode step, and drafts nothing
 when no draft length would be faster. Acceptance by match length, like the pass costs,
 is a property of the model and the kind of text: both are kept per model (acceptance
-also apart for matches whose earlier occurrences disagree on what follows: those are
-rarely right, :func:`acceptance_key`), so a call
+also apart for matches whose earlier occurrences disagree on what follows, where the
+draft is one guess of several: :func:`acceptance_key`), so a call
 starts from what earlier calls measured. Acceptance keeps being measured while it is off
 (the draft is still looked up and compared with what plain decoding produced, at no
 model cost), so it switches itself back on when the text starts copying again.
