@@ -4,7 +4,9 @@ Text that rewrites, summarises or quotes its input repeats n-grams of it. After 
 generated token the longest recent suffix of the context (prompt + text so far, n = 3
 down to 1) is looked up among earlier positions; the tokens that followed its earlier
 occurrence agreeing furthest back with the context (so a copy in progress goes on from
-where it copies; of equals the most recent) are the draft, up to the next line break.
+where it copies; of equals the most recent) are the draft, up to the next line break
+(past it where the draft copies the model's own output: a model repeating itself repeats
+its line breaks too).
 The session feeds ``[last token, *draft]`` to one forward pass, keeps the drafts greedy
 decoding would have chosen itself (plus the token after them, which that pass also
 predicts) and cuts the KV sequence back past the first rejected one. The output is token
@@ -24,7 +26,9 @@ Whether to draft, and how many tokens, is :class:`LookupPolicy`'s call: it compa
 expected tokens per verify pass (from the measured acceptance rate) against the
 measured cost of a pass of that size relative to one decode step, and drafts nothing
 when no draft length would be faster. Acceptance by match length, like the pass costs,
-is a property of the model and the kind of text: both are kept per model, so a call
+is a property of the model and the kind of text: both are kept per model (acceptance
+also apart for matches whose earlier occurrences disagree on what follows, where the
+draft is one guess of several: :func:`acceptance_key`), so a call
 starts from what earlier calls measured. Acceptance keeps being measured while it is off
 (the draft is still looked up and compared with what plain decoding produced, at no
 model cost), so it switches itself back on when the text starts copying again.
@@ -53,6 +57,7 @@ __all__ = [
     "LookupPolicy",
     "PassCosts",
     "acceptance_counts",
+    "acceptance_key",
     "batch_invariant",
     "draft_ends",
     "draft_sources",
@@ -127,7 +132,10 @@ class DraftIndex:
     among the ``candidates`` most recent; of equals the most recent): a rewrite that
     copies a phrase occurring twice in its source continues where it is copying from,
     not from the phrase's last occurrence. A draft ends after the first token of
-    ``ends`` (line breaks: where the copy it follows usually stops)."""
+    ``ends`` (line breaks: where the copy it follows usually stops). ``stops`` (a part of
+    ``ends``: the stop tokens), when given, are the only ends of a draft copied from the
+    tokens pushed after the index was built (the model's output): a model repeating
+    itself repeats its line breaks too."""
 
     def __init__(
         self,
@@ -137,16 +145,19 @@ class DraftIndex:
         reach: int = 16,
         candidates: int = 16,
         ends: frozenset[int] = frozenset(),
+        stops: frozenset[int] | None = None,
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
         self.reach, self.candidates, self.ends = reach, candidates, ends
+        self.stops = stops
         self.tokens: list[int] = []
         # n-gram -> indices of the tokens that followed its occurrences, oldest first
         self._next: dict[tuple[int, ...], list[int]] = {}
         for t in tokens:
             self.push(t)
+        self.output_from = len(self.tokens)  # where the tokens pushed later begin
 
     def push(self, token: int) -> None:
         toks = self.tokens
@@ -170,11 +181,20 @@ class DraftIndex:
             if starts:
                 start = self._best(starts, n)
                 draft = toks[start : start + k]
+                own = self.stops is not None and start >= self.output_from
+                ends = self.stops if own else self.ends
                 for i, t in enumerate(draft):
-                    if t in self.ends:
+                    if t in ends:
                         return draft[: i + 1], n
                 return draft, n
         return [], 0
+
+    def ambiguous(self, n: int) -> bool:
+        """Whether the earlier occurrences of the last ``n`` tokens (the ``candidates``
+        most recent) disagree on the token that followed them."""
+        toks = self.tokens
+        starts = self._next.get(tuple(toks[len(toks) - n :]), []) if n > 0 else []
+        return len({toks[i] for i in starts[-self.candidates :]}) > 1
 
     def _best(self, starts: list[int], n: int) -> int:
         """Of ``starts`` (each after an occurrence of the ``n``-token suffix), the one
@@ -281,6 +301,13 @@ def pass_costs(model: Model) -> PassCosts:
     return costs
 
 
+def acceptance_key(matched: int, ambiguous: bool) -> int:
+    """The key of :class:`LookupPolicy`'s acceptance table for a draft after a
+    ``matched``-token suffix match: ``-matched`` when the match's earlier occurrences
+    disagree on the token that follows (the draft follows one guess of several)."""
+    return -matched if ambiguous else matched
+
+
 def acceptance_counts(model: Model) -> dict[int, tuple[float, float]]:
     """The draft acceptance measured on ``model`` so far (:class:`LookupPolicy`'s
     ``counts``), shared by its sessions and calls."""
@@ -297,7 +324,8 @@ class LookupPolicy:
     ``a`` is a decayed ratio of accepted drafts to drafts compared (each compared draft
     up to and including the first rejected one), starting from ``prior_accepted`` of
     ``prior_trials``, kept per length of the matched suffix (a 3-gram match predicts
-    far better than a single token) and over all (for lengths not seen yet).
+    far better than a single token; :func:`acceptance_key`) and over all (for lengths
+    not seen yet).
     ``always``: draft ``max_draft`` tokens whatever it costs. ``counts``: the table to
     keep them in (:func:`acceptance_counts` shares one per model; default a new one)."""
 
@@ -369,7 +397,8 @@ class LookupDecoder:
     False switches lookup off for good (:attr:`off`). ``sources``: more token sequences
     to draft from (the prompt :func:`reflowed`), indexed before the context so that of
     two equally good matches the context's wins; ``ends``: tokens a draft ends after
-    (:func:`draft_ends`)."""
+    (:func:`draft_ends`); ``stops``: those of them a draft of the model's own output
+    ends after (:class:`DraftIndex`; None: all)."""
 
     def __init__(
         self,
@@ -378,16 +407,19 @@ class LookupDecoder:
         exact: Callable[[], bool] | None = None,
         sources: Iterable[Sequence[int]] = (),
         ends: frozenset[int] = frozenset(),
+        stops: frozenset[int] | None = None,
     ) -> None:
         self.policy = policy
         self._exact = exact
         self.off = False
-        self.index = DraftIndex([*(t for src in sources for t in src), *context], ends=ends)
+        self.index = DraftIndex(
+            [*(t for src in sources for t in src), *context], ends=ends, stops=stops
+        )
         self.stats = LookupStats()
         self._shadow: list[int] = []  # a draft not sent to the model, checked as text comes
         self._shadow_hits = 0
         self._shadow_matched = 0
-        self.matched = 0  # suffix match length of the last proposed draft
+        self.matched = 0  # acceptance key (:func:`acceptance_key`) of the last draft
 
     def push(self, token: int) -> None:
         """A token joined the context (generated or accepted)."""
@@ -408,7 +440,8 @@ class LookupDecoder:
         """Draft tokens for the next pass (at most ``limit``; empty: a plain step)."""
         if limit <= 0 or self.off:
             return []
-        draft, matched = self.index.match(min(self.policy.max_draft, limit))
+        draft, n = self.index.match(min(self.policy.max_draft, limit))
+        matched = acceptance_key(n, self.index.ambiguous(n))
         k = self.policy.draft_length(len(draft), matched)
         if k == 0:
             if draft and not self._shadow:

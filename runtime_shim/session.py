@@ -302,7 +302,9 @@ class Session:
             )
             exact = None if lookup is True else partial(batch_invariant, model)
             ends = draft_ends(model) | stop_ids  # nothing after a stop token is generated
-            lk = LookupDecoder(policy, ids, exact, sources=sources or [], ends=ends)
+            lk = LookupDecoder(
+                policy, ids, exact, sources=sources or [], ends=ends, stops=frozenset(stop_ids)
+            )
             stats.lookup = "on" if lookup is True else "auto"
         try:
             while len(generated) < max_tokens:

@@ -156,13 +156,16 @@ def test_stop_tokens_inside_a_draft(small_blocks, monkeypatch, wrong_every) -> N
 
 def test_drafts_end_at_stop_tokens(small_blocks, monkeypatch) -> None:
     """Nothing after a stop token is generated: the session's drafts end at one (and at
-    the model's own stop tokens), as at a line break (the index's cut: a unit test)."""
+    the model's own stop tokens), as at a line break (the index's cut: a unit test); a
+    draft of the model's own output ends at the stop tokens only."""
     ends: list[frozenset[int]] = []
+    stops: list[frozenset[int] | None] = []
     init = LookupDecoder.__init__
 
     def recorded(self: LookupDecoder, *args, **kw) -> None:
         init(self, *args, **kw)
         ends.append(self.index.ends)
+        stops.append(self.index.stops)
 
     monkeypatch.setattr(LookupDecoder, "__init__", recorded)
     prompt = _prompts()[0]
@@ -170,6 +173,7 @@ def test_drafts_end_at_stop_tokens(small_blocks, monkeypatch) -> None:
     got, _ = _run(small_blocks, prompt, True, max_tokens=30, stop=[prompt[3]])
     assert got == want
     assert ends == [draft_ends(small_blocks) | {prompt[3]} | small_blocks.stop_token_ids()]
+    assert stops == [{prompt[3]} | small_blocks.stop_token_ids()]
 
 
 def test_a_closed_stream_leaves_the_plain_context(tiny, monkeypatch) -> None:

@@ -10,6 +10,7 @@ from edgepack.runtime_shim.lookup import (
     LookupDecoder,
     LookupPolicy,
     PassCosts,
+    acceptance_key,
     draft_ends,
     lookup_mode,
     reflowed,
@@ -70,6 +71,38 @@ def test_a_draft_ends_after_a_line_break_token() -> None:
     assert idx.draft(5) == [3, 10]
     assert idx.match(1) == ([3], 2)
     assert DraftIndex([1, 2, 3, 10, 4, 5, 1, 2]).draft(5) == [3, 10, 4, 5, 1]
+
+
+def test_a_draft_of_the_models_own_output_runs_past_a_line_break() -> None:
+    """Given ``stops``, a draft copied from the tokens pushed later (the model's output)
+    ends at a stop only; one copied from the tokens the index was built with still ends
+    at a line break; without ``stops`` every draft ends at every one of ``ends``."""
+    ends, stops = frozenset({10, 99}), frozenset({99})
+    built = [1, 2, 3, 10, 4, 5]
+    idx = DraftIndex(built, ends=ends, stops=stops)
+    assert idx.draft(5) == []
+    for t in (1, 2):
+        idx.push(t)
+    assert idx.draft(5) == [3, 10]  # the input's occurrence: ends at its line break
+    for t in (7, 8, 10, 6, 99, 0, 7, 8):
+        idx.push(t)
+    assert idx.draft(5) == [10, 6, 99]  # the output's: past the break, ends at the stop
+    assert DraftIndex([*built, 1, 2, 7, 8, 10, 6, 99, 0, 7, 8], ends=ends).draft(5) == [10]
+    plain = DraftIndex(built, ends=ends)
+    for t in (7, 8, 10, 6, 99, 0, 7, 8):
+        plain.push(t)
+    assert plain.draft(5) == [10]
+
+
+def test_occurrences_that_disagree_on_what_follows_make_a_match_ambiguous() -> None:
+    idx = DraftIndex([1, 2, 3, 9, 2, 3, 9, 2, 3])
+    assert not idx.ambiguous(2)  # (2, 3) was followed by 9 both times
+    idx = DraftIndex([1, 2, 3, 9, 2, 3, 8, 2, 3])
+    assert idx.ambiguous(2) and idx.ambiguous(1)  # 9, then 8
+    assert not idx.ambiguous(3)  # (8, 2, 3) never occurred before
+    assert not idx.ambiguous(0)
+    # only the ``candidates`` most recent occurrences are compared
+    assert not DraftIndex([2, 3, 8, 2, 3, 9, 2, 3, 9, 2, 3], max_n=2, candidates=2).ambiguous(2)
 
 
 def test_ngram_bounds_are_checked() -> None:
@@ -236,6 +269,32 @@ def test_acceptance_is_kept_per_match_length_and_pooled_for_new_lengths() -> Non
     assert p.acceptance(3) == 1.0
     assert p.acceptance(1) == 0.0
     assert p.acceptance(2) == pytest.approx(4 / 5)  # not seen: all matches pooled
+
+
+def test_acceptance_key_sets_ambiguous_matches_apart() -> None:
+    assert acceptance_key(3, False) == 3
+    assert acceptance_key(3, True) not in (0, 1, 2, 3)
+    assert acceptance_key(2, True) != acceptance_key(3, True)
+
+
+def test_the_decoder_keeps_acceptance_of_ambiguous_matches_apart() -> None:
+    """The same 2-token match drafts while its occurrences agree on what follows and
+    stops drafting once they disagree and such drafts were measured wrong."""
+    costs = PassCosts(smoothing=1.0)
+    for m in range(1, 10):
+        costs.observe(m, 10.0 + m)
+    counts = {
+        acceptance_key(2, False): (9.0, 10.0),
+        acceptance_key(2, True): (0.0, 10.0),
+    }
+    policy = LookupPolicy(max_draft=2, costs=costs, counts=counts)
+    assert LookupDecoder(policy, [5, 1, 2, 7, 7, 6, 1, 2]).propose(2) == [7, 7]
+    dec = LookupDecoder(policy, [5, 1, 2, 7, 7, 4, 1, 2, 8, 6, 1, 2])
+    assert dec.propose(2) == []
+    for t in (8, 6):  # the shadow draft (8, 6) was right: measured under its own key
+        dec.push(t)
+    assert counts[acceptance_key(2, True)][0] > 0.0
+    assert counts[acceptance_key(2, False)] == (9.0, 10.0)
 
 
 def test_a_good_match_length_drafts_while_a_poor_one_does_not() -> None:
