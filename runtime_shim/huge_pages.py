@@ -29,29 +29,46 @@ _PROBES = 8  # pages touched to tell how the file is mapped
 
 def map_weights_huge(pkg: Package) -> str:
     """Ask for huge pages and make them take: 'huge' (already, or read so), 'refreshed'
-    (small cached pages dropped, read back huge), 'small' (the kernel keeps them small),
+    (small cached pages dropped, read back huge), 'small' (the kernel keeps them small, or
+    there is no sign it makes huge file folios, so the cache is kept),
     'unsupported' (not Linux, no THP, a file under 2 huge pages, a mapping not aligned to
     them). Call it before anything reads the data: what was read before the advice stays
     small until dropped."""
-    if sys.platform != "linux" or not _file_thp_possible() or not pkg.advise_huge_pages():
+    if sys.platform != "linux" or not _thp_enabled() or not pkg.advise_huge_pages():
         return "unsupported"
     probes = _probe_views(pkg)
     if len(probes) < 2 or _address(probes[0]) % HUGE_PAGE:
         return "unsupported"  # (a mapping whose address is not aligned to huge pages)
+    state = _make_huge(pkg, probes)
+    pkg.release_resident_pages()  # the probes' 2 MiB pages: the layers fault them back
+    return state
+
+
+def _make_huge(pkg: Package, probes: list[np.ndarray]) -> str:
     if _touch_and_count(pkg, probes):
         return "huge"
+    if not _file_huge_pages_seen():
+        return "small"  # no evidence this kernel makes huge file folios: keep the cache
     pkg.release_resident_pages()  # mapped pages are never dropped from the cache
     os.posix_fadvise(pkg.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     return "refreshed" if _touch_and_count(pkg, probes) else "small"
 
 
-def _file_thp_possible() -> bool:
-    """THP not off, and the page cache holds some 2 MiB file folios already: evidence that
-    this kernel's file systems make them (else dropping the cache would only cost)."""
+def _thp_enabled() -> bool:
+    """Transparent huge pages not switched off (the advice is then worth giving)."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            if "[never]" in f.read():
-                return False
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def _file_huge_pages_seen() -> bool:
+    """The page cache holds some 2 MiB file folios already: evidence that this kernel's
+    file systems make them, else dropping the cache would only cost a re-read. (A package
+    not cached when opened is read in huge folios by the advice alone, which is how the
+    first evidence appears on a fresh boot.)"""
+    try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("FileHugePages:"):

@@ -218,6 +218,9 @@ class Model:
         except BaseException:
             self.close()
             raise
+        # binding read a few bytes of every tensor: in 2 MiB pages that is the whole file
+        # resident before a token is encoded; the layers fault their pages back as they run
+        pkg.release_resident_pages()
         _log.info(
             "model %s: %d layers, kv %s, activations %s, kernels %s",
             pkg.header.identity.name,

@@ -48,7 +48,7 @@ def test_not_linux_is_unsupported_and_advises_nothing(big_package, monkeypatch):
 
 
 def test_unaligned_mapping_is_unsupported_and_drops_nothing(big_package, monkeypatch):
-    monkeypatch.setattr(huge_pages, "_file_thp_possible", lambda: True)
+    monkeypatch.setattr(huge_pages, "_thp_enabled", lambda: True)
     monkeypatch.setattr(huge_pages, "_address", lambda a: HUGE_PAGE + 4096)
     monkeypatch.setattr(huge_pages.os, "posix_fadvise", lambda *a: pytest.fail("dropped"))
     with Package.open(big_package) as pkg:
@@ -62,8 +62,19 @@ def test_small_file_is_unsupported(tmp_path):
         assert map_weights_huge(pkg) == "unsupported"
 
 
-@pytest.mark.skipif(not huge_pages._file_thp_possible(), reason="no file THP on this kernel")
-def test_huge_pages_take_and_the_bytes_stay(big_package):
+def test_small_pages_kept_without_evidence_of_huge_file_folios(big_package, monkeypatch):
+    monkeypatch.setattr(huge_pages, "_touch_and_count", lambda pkg, probes: False)
+    monkeypatch.setattr(huge_pages, "_file_huge_pages_seen", lambda: False)
+    monkeypatch.setattr(huge_pages.os, "posix_fadvise", lambda *a: pytest.fail("dropped"))
+    with Package.open(big_package) as pkg:
+        if huge_pages._address(huge_pages._probe_views(pkg)[0]) % HUGE_PAGE:
+            pytest.skip("this mapping is not aligned to huge pages")
+        assert map_weights_huge(pkg) == ("small" if huge_pages._thp_enabled() else "unsupported")
+
+
+@pytest.mark.skipif(not huge_pages._thp_enabled(), reason="transparent huge pages are off")
+def test_huge_pages_take_and_the_bytes_stay(big_package, monkeypatch):
+    monkeypatch.setattr(huge_pages, "_file_huge_pages_seen", lambda: True)  # try the drop
     with Package.open(big_package) as plain:
         expected = _all_bytes(plain)
     with Package.open(big_package) as pkg:
