@@ -574,6 +574,8 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
 // i4_kernel keeps up with it as well).
 constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16, kTurnedTile = 12;
+// int8 weights (i8_turned_kernel): from this many tokens (below, i8g_kernel keeps up).
+constexpr int64_t kI8TurnedMinT = 4;
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
 
@@ -729,8 +731,8 @@ void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
 // ---- int8-activation GEMM: int8 weights --------------------------------------------------
 // Prep per token: per-token activations: one int32 vector holding -128 * sum(x) (64 B);
 // grouped: per 128-element chunk (256 B), 128-bit lane j holding 32-block j:
-//   [0, 64) its first 16 elements, [64, 128) its last 16, [128, 192) int32 lanes
-//   -128 * lane_sum(x) of both, [192, 256) the float scale xs of 32-block j.
+//   [0, 64) its first 16 elements, [64, 128) its last 16, [128, 192) int32 -128 * sum(x)
+//   of the 32-block in the first lane, zero in the others, [192, 256) the float scale xs.
 
 inline bool i8_ok(const WeightView& w, int64_t ga) { return w.K % 32 == 0 && ga % 32 == 0; }
 
@@ -761,11 +763,15 @@ void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
                     lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
                     hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e + 16));
                 }
-                const __m128i sum = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), ones, lo), ones, hi);
+                __m128i sum = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), ones, lo), ones, hi);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), lo);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 64 + 16 * j), hi);
+                // the block's whole -128 * sum(x) in its first lane, zero in the others (the
+                // kernels add all four; i8_turned_kernel broadcasts the first)
+                sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+                sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j),
-                                 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7)));
+                                 _mm_maskz_mov_epi32(1, _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7))));
                 _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
             }
         }
@@ -891,6 +897,103 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     }
 }
 
+// ---- int8 weights, grouped activations, passes of a few tokens: the weights turned ----
+// As i4_turned_kernel: 16 rows' code dwords transposed once per 64 bytes (lane = row), each
+// vpdpbusd takes 4 bytes of one token's 32-block broadcast to all 16 rows, so a block's
+// exact sum lands in every lane without a horizontal sum, and the reference's
+// acc = acc + xs * float(isum) (per activation group), then acc * w_scale, run on vectors
+// of 16 rows: the same operations as ref::q8_row, so the same bits.  i8g_kernel pays a
+// 4-row horizontal sum and a quarter-vector float step per (row, token) and block, which
+// made the int8 head of a 4..8-token verify pass compute-bound.
+inline bool i8_turned_ok(const ActQ8& x) { return x.T >= kI8TurnedMinT && x.T <= kTurnedMaxT; }
+
+// TR tokens x 16 rows; activation groups of ga = 32 * bpb elements (B32: bpb == 1).
+template <int TR, bool B32>
+inline void i8_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, ga = x.group, NP = (K + 63) / 64, full = K / 64, G = K / ga;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int8_t* codes = static_cast<const int8_t*>(w.codes) + n0 * K;
+    __m512 acc[TR];
+    __m512i isum[TR];  // !B32: the open activation group's sums
+    for (int t = 0; t < TR; ++t) {
+        acc[t] = _mm512_setzero_ps();
+        isum[t] = _mm512_setzero_si512();
+    }
+    for (int64_t p = 0; p < NP; ++p) {
+        const __mmask64 km = p < full ? ~__mmask64{0} : (uint64_t{1} << (K - 64 * p)) - 1;
+        __m512i v[16];
+        const int8_t* q = codes + 64 * p;
+        for (int r = 0; r < 16; ++r, q += K) {
+            v[r] = _mm512_xor_si512(p < full ? ld512(q) : _mm512_maskz_loadu_epi8(km, q), flip);
+        }
+        transpose16(v);  // v[l]: elements 64 p + 4 l .. + 3 of the 16 rows (bytes past K never used)
+        const int64_t nb = p < full ? 2 : (K - 64 * p) / 32;
+        for (int j = 0; j < nb; ++j) {
+            {  // this piece of the next tile's rows, 8 per block
+                const int8_t* f = codes + 64 * p + (kTurnedPrefetchRows + 8 * j) * K;
+                const int last = j + 1 == nb ? 16 : 8 * j + 8;
+                for (int r = 8 * j; r < last; ++r, f += K) _mm_prefetch(reinterpret_cast<const char*>(f), _MM_HINT_T0);
+            }
+            const int64_t e0 = 64 * p + 32 * j;
+            const bool ends = B32 || (e0 + 32) % ga == 0;
+            for (int t = 0; t < TR; ++t) {
+                const int8_t* xq = x.q + (t0 + t) * K + e0;
+                // -128 * sum(x) of the 32-block (i8_prep)
+                __m512i e = bcast32(x.prep + (t0 + t) * x.prep_stride + (e0 / 128) * 256 + 128 + 16 * ((e0 % 128) / 32));
+                __m512i o = _mm512_setzero_si512();
+                for (int m = 0; m < 4; ++m) {
+                    e = _mm512_dpbusd_epi32(e, v[8 * j + 2 * m], bcast32(reinterpret_cast<const uint8_t*>(xq + 8 * m)));
+                    o = _mm512_dpbusd_epi32(o, v[8 * j + 2 * m + 1], bcast32(reinterpret_cast<const uint8_t*>(xq + 8 * m + 4)));
+                }
+                const __m512i s = B32 ? _mm512_add_epi32(e, o) : _mm512_add_epi32(isum[t], _mm512_add_epi32(e, o));
+                if (ends) {
+                    const __m512 xs = _mm512_set1_ps(x.s[(t0 + t) * G + e0 / ga]);
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(xs, _mm512_cvtepi32_ps(s)));
+                    if (!B32) isum[t] = _mm512_setzero_si512();
+                } else {
+                    isum[t] = s;
+                }
+            }
+        }
+    }
+    const __m512 ws = _mm512_loadu_ps(w.scales_f32 + n0);
+    for (int t = 0; t < TR; ++t) {
+        __m512 y = _mm512_mul_ps(acc[t], ws);
+        if (out.bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.bias + n0));
+        if (out.residual != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.residual + (t0 + t) * out.ldr + n0));
+        _mm512_storeu_ps(out.y + (t0 + t) * out.ldy + n0, y);
+    }
+}
+
+// Whole tiles of 16 rows (all T tokens in one tile, two above kTurnedTile), the rows of a
+// last partial tile by `rest` (i8g_kernel's tiles).
+template <bool B32, class Rest>
+void i8_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, Rest&& rest) {
+    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
+        switch (nt) {
+            case 1: return i8_turned_kernel<1, B32>(w, x, t0, n, out);
+            case 2: return i8_turned_kernel<2, B32>(w, x, t0, n, out);
+            case 3: return i8_turned_kernel<3, B32>(w, x, t0, n, out);
+            case 4: return i8_turned_kernel<4, B32>(w, x, t0, n, out);
+            case 5: return i8_turned_kernel<5, B32>(w, x, t0, n, out);
+            case 6: return i8_turned_kernel<6, B32>(w, x, t0, n, out);
+            case 7: return i8_turned_kernel<7, B32>(w, x, t0, n, out);
+            case 8: return i8_turned_kernel<8, B32>(w, x, t0, n, out);
+            case 9: return i8_turned_kernel<9, B32>(w, x, t0, n, out);
+            case 10: return i8_turned_kernel<10, B32>(w, x, t0, n, out);
+            case 11: return i8_turned_kernel<11, B32>(w, x, t0, n, out);
+            default: return i8_turned_kernel<12, B32>(w, x, t0, n, out);
+        }
+    };
+    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        tile(0, first, n);
+        if (first < T) tile(first, T - first, n);
+    }
+    if (n < n1) rest(n, n1);
+}
+
 template <bool GROUPED>
 void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
     if (!GROUPED) {
@@ -899,9 +1002,14 @@ void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
         });
     }
     auto run = [&](auto bl) {
-        q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
-            i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
-        });
+        auto rows = [&](int64_t r0, int64_t r1) {
+            q8_tile_loop<4, 4, 4>(x.T, r0, r1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+                i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
+            });
+        };
+        if (!i8_turned_ok(x)) return rows(n0, n1);
+        if (x.group == 32) return i8_turned_gemm<true>(w, x, n0, n1, out, rows);
+        i8_turned_gemm<false>(w, x, n0, n1, out, rows);
     };
     switch (blocks_of(x.group, w.K)) {
         case Blocks::b32: return run(std::integral_constant<Blocks, Blocks::b32>());
