@@ -658,14 +658,13 @@ inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
             for (int t = 0; t < TR; ++t) {
                 const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * CB + 16 * j;
                 __m512i e = bcast32(pc + 128);  // -8 * sum(x) of the block
-                __m512i o = _mm512_setzero_si512();
-                for (int m = 0; m < 4; ++m) {
+                for (int m = 0; m < 4; ++m) {  // one chain: the tokens' chains overlap
                     e = _mm512_dpbusd_epi32(e, wv[m], bcast32(pc + 4 * m));
-                    o = _mm512_dpbusd_epi32(o, wv[4 + m], bcast32(pc + 64 + 4 * m));
+                    e = _mm512_dpbusd_epi32(e, wv[4 + m], bcast32(pc + 64 + 4 * m));
                 }
                 const __m512 xs = GROUPED ? _mm512_set1_ps(*reinterpret_cast<const float*>(pc + 192)) : _mm512_set1_ps(x.s[t0 + t]);
                 const __m512 sd = _mm512_mul_ps(xs, d[j]);
-                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sd, _mm512_cvtepi32_ps(_mm512_add_epi32(e, o))));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sd, _mm512_cvtepi32_ps(e)));
             }
         }
     }
@@ -940,12 +939,10 @@ inline void i8_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
                 const int8_t* xq = x.q + (t0 + t) * K + e0;
                 // -128 * sum(x) of the 32-block (i8_prep)
                 __m512i e = bcast32(x.prep + (t0 + t) * x.prep_stride + (e0 / 128) * 256 + 128 + 16 * ((e0 % 128) / 32));
-                __m512i o = _mm512_setzero_si512();
-                for (int m = 0; m < 4; ++m) {
-                    e = _mm512_dpbusd_epi32(e, v[8 * j + 2 * m], bcast32(reinterpret_cast<const uint8_t*>(xq + 8 * m)));
-                    o = _mm512_dpbusd_epi32(o, v[8 * j + 2 * m + 1], bcast32(reinterpret_cast<const uint8_t*>(xq + 8 * m + 4)));
+                for (int l = 0; l < 8; ++l) {  // one chain: the tokens' chains overlap
+                    e = _mm512_dpbusd_epi32(e, v[8 * j + l], bcast32(reinterpret_cast<const uint8_t*>(xq + 4 * l)));
                 }
-                const __m512i s = B32 ? _mm512_add_epi32(e, o) : _mm512_add_epi32(isum[t], _mm512_add_epi32(e, o));
+                const __m512i s = B32 ? e : _mm512_add_epi32(isum[t], e);
                 if (ends) {
                     const __m512 xs = _mm512_set1_ps(x.s[(t0 + t) * G + e0 / ga]);
                     acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(xs, _mm512_cvtepi32_ps(s)));
