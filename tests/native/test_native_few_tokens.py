@@ -78,3 +78,24 @@ def test_few_token_int8_extreme_codes(exact_isa, T) -> None:
     got = k.linear_q8(xq, xs, ga, w)
     assert same_bits(got, on_scalar(k.linear_q8, xq, xs, ga, w))
     assert got[0, 0] == np.float32(np.float32(0.5 * 127 * 128 * ga) * (K // ga)) * np.float32(0.01)
+
+
+@pytest.mark.parametrize("n", [1, 7, 255, 256, 257, 1000, 49152])
+def test_argmax_rows_is_numpys(n) -> None:
+    """Stack.run's picks (the vectorised blocks and the scalar tail): numpy's first
+    maximum, ties across blocks, +-0, infinities, and the first NaN."""
+    r = rng(n)
+    rows = [
+        r.standard_normal(n),
+        r.integers(-3, 3, n),  # many ties: the first maximum, possibly in a later block
+        r.choice(np.array([0.0, -0.0, -1.0]), n),
+        np.full(n, -np.inf),
+    ]
+    x = np.stack(rows).astype(np.float32)
+    if n > 2:
+        y = x.copy()
+        y[:, n // 2] = np.nan
+        y[1, n - 1] = np.nan
+        y[2, n // 3] = np.inf
+        x = np.concatenate([x, y])
+    np.testing.assert_array_equal(k.argmax_rows(x), x.argmax(axis=-1))
