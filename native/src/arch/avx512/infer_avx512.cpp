@@ -574,8 +574,10 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
 // i4_kernel keeps up with it as well).
 constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16, kTurnedTile = 12;
-// int8 weights (i8_turned_kernel): from this many tokens (below, i8g_kernel keeps up).
-constexpr int64_t kI8TurnedMinT = 4;
+// int8 weights (i8_turned_kernel): from 4 tokens (below, i8g_kernel keeps up), rows
+// longer than 1024 from 6 (their 16 row streams at once lost to i8g_kernel's 4 at 4 and 5
+// tokens: SmolLM2's down projection, 576 x 1536, 1 thread, 49 -> 54 and 57 -> 62 us).
+constexpr int64_t kI8TurnedMinT = 4, kI8TurnedLongK = 1024, kI8TurnedLongMinT = 6;
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
 
@@ -904,7 +906,9 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // of 16 rows: the same operations as ref::q8_row, so the same bits.  i8g_kernel pays a
 // 4-row horizontal sum and a quarter-vector float step per (row, token) and block, which
 // made the int8 head of a 4..8-token verify pass compute-bound.
-inline bool i8_turned_ok(const ActQ8& x) { return x.T >= kI8TurnedMinT && x.T <= kTurnedMaxT; }
+inline bool i8_turned_ok(const WeightView& w, const ActQ8& x) {
+    return x.T >= (w.K > kI8TurnedLongK ? kI8TurnedLongMinT : kI8TurnedMinT) && x.T <= kTurnedMaxT;
+}
 
 // TR tokens x 16 rows; activation groups of ga = 32 * bpb elements (B32: bpb == 1).
 template <int TR, bool B32>
@@ -1004,7 +1008,7 @@ void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
                 i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
             });
         };
-        if (!i8_turned_ok(x)) return rows(n0, n1);
+        if (!i8_turned_ok(w, x)) return rows(n0, n1);
         if (x.group == 32) return i8_turned_gemm<true>(w, x, n0, n1, out, rows);
         i8_turned_gemm<false>(w, x, n0, n1, out, rows);
     };
