@@ -581,6 +581,37 @@ constexpr int64_t kI8TurnedMinT = 4, kI8TurnedLongK = 1024, kI8TurnedLongMinT = 
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
 
+// The whole tiles of 16 rows of a turned kernel, kernel(integral_constant<TR>, t0, n): all
+// T tokens in one tile (two above kTurnedTile tokens: the accumulators of more would not
+// stay in registers).  Returns the first row of a last partial tile (n1: none).
+template <class F>
+int64_t turned_tiles(int64_t T, int64_t n0, int64_t n1, F&& kernel) {
+    using std::integral_constant;
+    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
+        switch (nt) {
+            case 1: return kernel(integral_constant<int, 1>(), t0, n);
+            case 2: return kernel(integral_constant<int, 2>(), t0, n);
+            case 3: return kernel(integral_constant<int, 3>(), t0, n);
+            case 4: return kernel(integral_constant<int, 4>(), t0, n);
+            case 5: return kernel(integral_constant<int, 5>(), t0, n);
+            case 6: return kernel(integral_constant<int, 6>(), t0, n);
+            case 7: return kernel(integral_constant<int, 7>(), t0, n);
+            case 8: return kernel(integral_constant<int, 8>(), t0, n);
+            case 9: return kernel(integral_constant<int, 9>(), t0, n);
+            case 10: return kernel(integral_constant<int, 10>(), t0, n);
+            case 11: return kernel(integral_constant<int, 11>(), t0, n);
+            default: return kernel(integral_constant<int, 12>(), t0, n);
+        }
+    };
+    const int64_t first = T <= kTurnedTile ? T : (T + 1) / 2;
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        tile(0, first, n);
+        if (first < T) tile(first, T - first, n);
+    }
+    return n;
+}
+
 // The weight stream is prefetched one tile (16 rows) ahead, a block's 4 rows at a time
 // between the blocks' arithmetic: 16 prefetches at once stall on the line fill buffers.
 constexpr int64_t kTurnedPrefetchRows = 16;
@@ -678,33 +709,12 @@ inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
     }
 }
 
-// Whole tiles of 16 rows, all T tokens in one tile (two above kTurnedTile tokens: the
-// accumulators of more would not stay in registers); the
-// rows of a last partial tile in i4_kernel's tiles.
+// Whole tiles of 16 rows (turned_tiles), the rows of a last partial tile in i4_kernel's tiles.
 template <bool ASYM, bool GROUPED, Blocks BL>
 void i4_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
-        switch (nt) {
-            case 1: return i4_turned_kernel<1, GROUPED>(w, x, t0, n, out);
-            case 2: return i4_turned_kernel<2, GROUPED>(w, x, t0, n, out);
-            case 3: return i4_turned_kernel<3, GROUPED>(w, x, t0, n, out);
-            case 4: return i4_turned_kernel<4, GROUPED>(w, x, t0, n, out);
-            case 5: return i4_turned_kernel<5, GROUPED>(w, x, t0, n, out);
-            case 6: return i4_turned_kernel<6, GROUPED>(w, x, t0, n, out);
-            case 7: return i4_turned_kernel<7, GROUPED>(w, x, t0, n, out);
-            case 8: return i4_turned_kernel<8, GROUPED>(w, x, t0, n, out);
-            case 9: return i4_turned_kernel<9, GROUPED>(w, x, t0, n, out);
-            case 10: return i4_turned_kernel<10, GROUPED>(w, x, t0, n, out);
-            case 11: return i4_turned_kernel<11, GROUPED>(w, x, t0, n, out);
-            default: return i4_turned_kernel<12, GROUPED>(w, x, t0, n, out);
-        }
-    };
-    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
-    int64_t n = n0;
-    for (; n + 16 <= n1; n += 16) {
-        tile(0, first, n);
-        if (first < T) tile(first, T - first, n);
-    }
+    const int64_t n = turned_tiles(x.T, n0, n1, [&](auto tr, int64_t t0, int64_t nn) {
+        i4_turned_kernel<decltype(tr)::value, GROUPED>(w, x, t0, nn, out);
+    });
     if (n == n1) return;
     q8_tile_loop<4, 4, 4>(x.T, n, n1, [&](auto tr, auto nr, int64_t t0, int64_t nn, int64_t rows) {
         i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, BL>(w, x, t0, nn, rows, out);
@@ -966,32 +976,13 @@ inline void i8_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
     }
 }
 
-// Whole tiles of 16 rows (all T tokens in one tile, two above kTurnedTile), the rows of a
-// last partial tile by `rest` (i8g_kernel's tiles).
+// Whole tiles of 16 rows (turned_tiles), the rows of a last partial tile by `rest`
+// (i8g_kernel's tiles).
 template <bool B32, class Rest>
 void i8_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, Rest&& rest) {
-    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
-        switch (nt) {
-            case 1: return i8_turned_kernel<1, B32>(w, x, t0, n, out);
-            case 2: return i8_turned_kernel<2, B32>(w, x, t0, n, out);
-            case 3: return i8_turned_kernel<3, B32>(w, x, t0, n, out);
-            case 4: return i8_turned_kernel<4, B32>(w, x, t0, n, out);
-            case 5: return i8_turned_kernel<5, B32>(w, x, t0, n, out);
-            case 6: return i8_turned_kernel<6, B32>(w, x, t0, n, out);
-            case 7: return i8_turned_kernel<7, B32>(w, x, t0, n, out);
-            case 8: return i8_turned_kernel<8, B32>(w, x, t0, n, out);
-            case 9: return i8_turned_kernel<9, B32>(w, x, t0, n, out);
-            case 10: return i8_turned_kernel<10, B32>(w, x, t0, n, out);
-            case 11: return i8_turned_kernel<11, B32>(w, x, t0, n, out);
-            default: return i8_turned_kernel<12, B32>(w, x, t0, n, out);
-        }
-    };
-    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
-    int64_t n = n0;
-    for (; n + 16 <= n1; n += 16) {
-        tile(0, first, n);
-        if (first < T) tile(first, T - first, n);
-    }
+    const int64_t n = turned_tiles(x.T, n0, n1, [&](auto tr, int64_t t0, int64_t nn) {
+        i8_turned_kernel<decltype(tr)::value, B32>(w, x, t0, nn, out);
+    });
     if (n < n1) rest(n, n1);
 }
 
