@@ -88,6 +88,9 @@ def _read_probe(a: npt.NDArray[np.generic]) -> int:
 
 # ---- elementwise ----------------------------------------------------------------------
 
+def argmax_rows(x: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+    """Each row's argmax as numpy's (the first maximum, or the first NaN): Stack.run's picks."""
+
 def quantize_act(
     x: npt.NDArray[np.float32], group: int = 0
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:

@@ -920,6 +920,22 @@ void bind_infer(py::module_& m) {
         return infer::read_probe(p, n);
     }, py::arg("a"), "Read every byte of a (memory-bandwidth probe for bench/kernels.py).");
 
+    m.def("argmax_rows", [](const py::object& x_in) {
+        py::array x = as_array(x_in, "x");
+        need_dtype(x, "float32", "x");
+        need_ndim(x, 2, "x");
+        need_contig(x, "x");
+        const int64_t T = x.shape(0), n = x.shape(1);
+        if (n < 1) value_error("x must have at least one column");
+        py::array_t<int64_t> picks(T);
+        int64_t* p = picks.mutable_data();
+        const float* xp = static_cast<const float*>(x.data());
+        {
+            py::gil_scoped_release nogil;
+            for (int64_t t = 0; t < T; ++t) p[t] = infer::argmax_first(xp + t * n, n);
+        }
+        return picks;
+    }, py::arg("x"), "Each row's argmax as numpy's (the first maximum, or the first NaN): Stack.run's picks.");
     m.def("quantize_act", &py_quantize_act, py::arg("x"), py::arg("group") = 0);
     m.def("rmsnorm", &py_rmsnorm, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out") = py::none());
     m.def("rmsnorm_quant", &py_rmsnorm_quant, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("group") = 0);

@@ -866,18 +866,7 @@ bool run_head(const Lin& head, bool act, const float* x, int64_t rows, float* lo
 
 // Each row's float32 argmax as numpy's: the first maximum, or the first NaN.
 void row_argmax(const float* y, int64_t rows, int64_t n, int64_t* picks) {
-    for (int64_t t = 0; t < rows; ++t) {
-        const float* r = y + t * n;
-        int64_t best = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            if (std::isnan(r[i])) {
-                best = i;
-                break;
-            }
-            if (r[i] > r[best]) best = i;
-        }
-        picks[t] = best;
-    }
+    for (int64_t t = 0; t < rows; ++t) picks[t] = argmax_first(y + t * n, n);
 }
 
 // Runs the parsed layers args[0, parsed) in turn on args[0].x (no GIL), then, when they

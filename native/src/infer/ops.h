@@ -75,6 +75,9 @@ Result kv_append(const KvCache& kv, const AttnArgs& a);
 void attend(const KvCache& kv, const AttnArgs& a);  // after kv_append
 Result attention(const KvCache& kv, const AttnArgs& a);
 
+// The float32 argmax of a row of n >= 1 as numpy's: the first maximum, or the first NaN.
+int64_t argmax_first(const float* r, int64_t n);
+
 // Reads n bytes with the pool (memory-bandwidth probe for benchmarks); returns a checksum.
 uint64_t read_probe(const uint8_t* p, int64_t n);
 

@@ -574,8 +574,43 @@ inline void i4_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
 // ~5% cheaper, from 6 on 10-20%; at 3 or fewer the weight stream sets the pace and
 // i4_kernel keeps up with it as well).
 constexpr int64_t kTurnedMinT = 4, kTurnedMaxT = 16, kTurnedTile = 12;
+// int8 weights (i8_turned_kernel): from 4 tokens (below, i8g_kernel keeps up), rows
+// longer than 1024 from 6 (their 16 row streams at once lost to i8g_kernel's 4 at 4 and 5
+// tokens: SmolLM2's down projection, 576 x 1536, 1 thread, 49 -> 54 and 57 -> 62 us).
+constexpr int64_t kI8TurnedMinT = 4, kI8TurnedLongK = 1024, kI8TurnedLongMinT = 6;
 
 inline bool turned_ok(const ActQ8& x) { return x.T >= kTurnedMinT && x.T <= kTurnedMaxT; }
+
+// The whole tiles of 16 rows of a turned kernel, kernel(integral_constant<TR>, t0, n): all
+// T tokens in one tile (two above kTurnedTile tokens: the accumulators of more would not
+// stay in registers).  Returns the first row of a last partial tile (n1: none).
+template <class F>
+int64_t turned_tiles(int64_t T, int64_t n0, int64_t n1, F&& kernel) {
+    using std::integral_constant;
+    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
+        switch (nt) {
+            case 1: return kernel(integral_constant<int, 1>(), t0, n);
+            case 2: return kernel(integral_constant<int, 2>(), t0, n);
+            case 3: return kernel(integral_constant<int, 3>(), t0, n);
+            case 4: return kernel(integral_constant<int, 4>(), t0, n);
+            case 5: return kernel(integral_constant<int, 5>(), t0, n);
+            case 6: return kernel(integral_constant<int, 6>(), t0, n);
+            case 7: return kernel(integral_constant<int, 7>(), t0, n);
+            case 8: return kernel(integral_constant<int, 8>(), t0, n);
+            case 9: return kernel(integral_constant<int, 9>(), t0, n);
+            case 10: return kernel(integral_constant<int, 10>(), t0, n);
+            case 11: return kernel(integral_constant<int, 11>(), t0, n);
+            default: return kernel(integral_constant<int, 12>(), t0, n);
+        }
+    };
+    const int64_t first = T <= kTurnedTile ? T : (T + 1) / 2;
+    int64_t n = n0;
+    for (; n + 16 <= n1; n += 16) {
+        tile(0, first, n);
+        if (first < T) tile(first, T - first, n);
+    }
+    return n;
+}
 
 // The weight stream is prefetched one tile (16 rows) ahead, a block's 4 rows at a time
 // between the blocks' arithmetic: 16 prefetches at once stall on the line fill buffers.
@@ -656,14 +691,13 @@ inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
             for (int t = 0; t < TR; ++t) {
                 const uint8_t* pc = x.prep + (t0 + t) * x.prep_stride + c * CB + 16 * j;
                 __m512i e = bcast32(pc + 128);  // -8 * sum(x) of the block
-                __m512i o = _mm512_setzero_si512();
-                for (int m = 0; m < 4; ++m) {
+                for (int m = 0; m < 4; ++m) {  // one chain: the tokens' chains overlap
                     e = _mm512_dpbusd_epi32(e, wv[m], bcast32(pc + 4 * m));
-                    o = _mm512_dpbusd_epi32(o, wv[4 + m], bcast32(pc + 64 + 4 * m));
+                    e = _mm512_dpbusd_epi32(e, wv[4 + m], bcast32(pc + 64 + 4 * m));
                 }
                 const __m512 xs = GROUPED ? _mm512_set1_ps(*reinterpret_cast<const float*>(pc + 192)) : _mm512_set1_ps(x.s[t0 + t]);
                 const __m512 sd = _mm512_mul_ps(xs, d[j]);
-                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sd, _mm512_cvtepi32_ps(_mm512_add_epi32(e, o))));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sd, _mm512_cvtepi32_ps(e)));
             }
         }
     }
@@ -675,33 +709,12 @@ inline void i4_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, in
     }
 }
 
-// Whole tiles of 16 rows, all T tokens in one tile (two above kTurnedTile tokens: the
-// accumulators of more would not stay in registers); the
-// rows of a last partial tile in i4_kernel's tiles.
+// Whole tiles of 16 rows (turned_tiles), the rows of a last partial tile in i4_kernel's tiles.
 template <bool ASYM, bool GROUPED, Blocks BL>
 void i4_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
-    auto tile = [&](int64_t t0, int64_t nt, int64_t n) {
-        switch (nt) {
-            case 1: return i4_turned_kernel<1, GROUPED>(w, x, t0, n, out);
-            case 2: return i4_turned_kernel<2, GROUPED>(w, x, t0, n, out);
-            case 3: return i4_turned_kernel<3, GROUPED>(w, x, t0, n, out);
-            case 4: return i4_turned_kernel<4, GROUPED>(w, x, t0, n, out);
-            case 5: return i4_turned_kernel<5, GROUPED>(w, x, t0, n, out);
-            case 6: return i4_turned_kernel<6, GROUPED>(w, x, t0, n, out);
-            case 7: return i4_turned_kernel<7, GROUPED>(w, x, t0, n, out);
-            case 8: return i4_turned_kernel<8, GROUPED>(w, x, t0, n, out);
-            case 9: return i4_turned_kernel<9, GROUPED>(w, x, t0, n, out);
-            case 10: return i4_turned_kernel<10, GROUPED>(w, x, t0, n, out);
-            case 11: return i4_turned_kernel<11, GROUPED>(w, x, t0, n, out);
-            default: return i4_turned_kernel<12, GROUPED>(w, x, t0, n, out);
-        }
-    };
-    const int64_t T = x.T, first = T <= kTurnedTile ? T : (T + 1) / 2;
-    int64_t n = n0;
-    for (; n + 16 <= n1; n += 16) {
-        tile(0, first, n);
-        if (first < T) tile(first, T - first, n);
-    }
+    const int64_t n = turned_tiles(x.T, n0, n1, [&](auto tr, int64_t t0, int64_t nn) {
+        i4_turned_kernel<decltype(tr)::value, GROUPED>(w, x, t0, nn, out);
+    });
     if (n == n1) return;
     q8_tile_loop<4, 4, 4>(x.T, n, n1, [&](auto tr, auto nr, int64_t t0, int64_t nn, int64_t rows) {
         i4_kernel<decltype(tr)::value, decltype(nr)::value, ASYM, GROUPED, BL>(w, x, t0, nn, rows, out);
@@ -729,8 +742,8 @@ void i4_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
 // ---- int8-activation GEMM: int8 weights --------------------------------------------------
 // Prep per token: per-token activations: one int32 vector holding -128 * sum(x) (64 B);
 // grouped: per 128-element chunk (256 B), 128-bit lane j holding 32-block j:
-//   [0, 64) its first 16 elements, [64, 128) its last 16, [128, 192) int32 lanes
-//   -128 * lane_sum(x) of both, [192, 256) the float scale xs of 32-block j.
+//   [0, 64) its first 16 elements, [64, 128) its last 16, [128, 192) int32 -128 * sum(x)
+//   of the 32-block in the first lane, zero in the others, [192, 256) the float scale xs.
 
 inline bool i8_ok(const WeightView& w, int64_t ga) { return w.K % 32 == 0 && ga % 32 == 0; }
 
@@ -761,11 +774,15 @@ void i8_prep(const WeightView&, const ActQ8& x, int64_t t0, int64_t t1) {
                     lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e));
                     hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + e + 16));
                 }
-                const __m128i sum = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), ones, lo), ones, hi);
+                __m128i sum = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), ones, lo), ones, hi);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 16 * j), lo);
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 64 + 16 * j), hi);
+                // the block's whole -128 * sum(x) in its first lane, zero in the others (the
+                // kernels add all four; i8_turned_kernel broadcasts the first)
+                sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+                sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + 128 + 16 * j),
-                                 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7)));
+                                 _mm_maskz_mov_epi32(1, _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, 7))));
                 _mm_storeu_ps(reinterpret_cast<float*>(pc + 192 + 16 * j), _mm_set1_ps(e < K ? s[e / ga] : 0.0f));
             }
         }
@@ -891,6 +908,84 @@ inline void i8_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n
     }
 }
 
+// ---- int8 weights, grouped activations, passes of a few tokens: the weights turned ----
+// As i4_turned_kernel: 16 rows' code dwords transposed once per 64 bytes (lane = row), each
+// vpdpbusd takes 4 bytes of one token's 32-block broadcast to all 16 rows, so a block's
+// exact sum lands in every lane without a horizontal sum, and the reference's
+// acc = acc + xs * float(isum) (per activation group), then acc * w_scale, run on vectors
+// of 16 rows: the same operations as ref::q8_row, so the same bits.  i8g_kernel pays a
+// 4-row horizontal sum and a quarter-vector float step per (row, token) and block, which
+// made the int8 head of a 4..8-token verify pass compute-bound.
+inline bool i8_turned_ok(const WeightView& w, const ActQ8& x) {
+    return x.T >= (w.K > kI8TurnedLongK ? kI8TurnedLongMinT : kI8TurnedMinT) && x.T <= kTurnedMaxT;
+}
+
+// TR tokens x 16 rows; activation groups of ga = 32 * bpb elements (B32: bpb == 1).
+template <int TR, bool B32>
+inline void i8_turned_kernel(const WeightView& w, const ActQ8& x, int64_t t0, int64_t n0, const GemmOut& out) {
+    const int64_t K = w.K, ga = x.group, NP = (K + 63) / 64, full = K / 64, G = K / ga;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int8_t* codes = static_cast<const int8_t*>(w.codes) + n0 * K;
+    __m512 acc[TR];
+    __m512i isum[TR];  // !B32: the open activation group's sums
+    for (int t = 0; t < TR; ++t) {
+        acc[t] = _mm512_setzero_ps();
+        isum[t] = _mm512_setzero_si512();
+    }
+    for (int64_t p = 0; p < NP; ++p) {
+        const __mmask64 km = p < full ? ~__mmask64{0} : (uint64_t{1} << (K - 64 * p)) - 1;
+        __m512i v[16];
+        const int8_t* q = codes + 64 * p;
+        for (int r = 0; r < 16; ++r, q += K) {
+            v[r] = _mm512_xor_si512(p < full ? ld512(q) : _mm512_maskz_loadu_epi8(km, q), flip);
+        }
+        transpose16(v);  // v[l]: elements 64 p + 4 l .. + 3 of the 16 rows (bytes past K never used)
+        const int64_t nb = p < full ? 2 : (K - 64 * p) / 32;
+        for (int j = 0; j < nb; ++j) {
+            {  // this piece of the next tile's rows, 8 per block
+                const int8_t* f = codes + 64 * p + (kTurnedPrefetchRows + 8 * j) * K;
+                const int last = j + 1 == nb ? 16 : 8 * j + 8;
+                for (int r = 8 * j; r < last; ++r, f += K) _mm_prefetch(reinterpret_cast<const char*>(f), _MM_HINT_T0);
+            }
+            const int64_t e0 = 64 * p + 32 * j;
+            const bool ends = B32 || (e0 + 32) % ga == 0;
+            for (int t = 0; t < TR; ++t) {
+                const int8_t* xq = x.q + (t0 + t) * K + e0;
+                // -128 * sum(x) of the 32-block (i8_prep)
+                __m512i e = bcast32(x.prep + (t0 + t) * x.prep_stride + (e0 / 128) * 256 + 128 + 16 * ((e0 % 128) / 32));
+                for (int l = 0; l < 8; ++l) {  // one chain: the tokens' chains overlap
+                    e = _mm512_dpbusd_epi32(e, v[8 * j + l], bcast32(reinterpret_cast<const uint8_t*>(xq + 4 * l)));
+                }
+                const __m512i s = B32 ? e : _mm512_add_epi32(isum[t], e);
+                if (ends) {
+                    const __m512 xs = _mm512_set1_ps(x.s[(t0 + t) * G + e0 / ga]);
+                    acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(xs, _mm512_cvtepi32_ps(s)));
+                    if (!B32) isum[t] = _mm512_setzero_si512();
+                } else {
+                    isum[t] = s;
+                }
+            }
+        }
+    }
+    const __m512 ws = _mm512_loadu_ps(w.scales_f32 + n0);
+    for (int t = 0; t < TR; ++t) {
+        __m512 y = _mm512_mul_ps(acc[t], ws);
+        if (out.bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.bias + n0));
+        if (out.residual != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(out.residual + (t0 + t) * out.ldr + n0));
+        _mm512_storeu_ps(out.y + (t0 + t) * out.ldy + n0, y);
+    }
+}
+
+// Whole tiles of 16 rows (turned_tiles), the rows of a last partial tile by `rest`
+// (i8g_kernel's tiles).
+template <bool B32, class Rest>
+void i8_turned_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out, Rest&& rest) {
+    const int64_t n = turned_tiles(x.T, n0, n1, [&](auto tr, int64_t t0, int64_t nn) {
+        i8_turned_kernel<decltype(tr)::value, B32>(w, x, t0, nn, out);
+    });
+    if (n < n1) rest(n, n1);
+}
+
 template <bool GROUPED>
 void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const GemmOut& out) {
     if (!GROUPED) {
@@ -899,9 +994,14 @@ void i8_gemm(const WeightView& w, const ActQ8& x, int64_t n0, int64_t n1, const 
         });
     }
     auto run = [&](auto bl) {
-        q8_tile_loop<4, 4, 4>(x.T, n0, n1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
-            i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
-        });
+        auto rows = [&](int64_t r0, int64_t r1) {
+            q8_tile_loop<4, 4, 4>(x.T, r0, r1, [&](auto tr, auto nr, int64_t t0, int64_t n, int64_t rows) {
+                i8g_kernel<decltype(tr)::value, decltype(nr)::value, decltype(bl)::value>(w, x, t0, n, rows, out);
+            });
+        };
+        if (!i8_turned_ok(w, x)) return rows(n0, n1);
+        if (x.group == 32) return i8_turned_gemm<true>(w, x, n0, n1, out, rows);
+        i8_turned_gemm<false>(w, x, n0, n1, out, rows);
     };
     switch (blocks_of(x.group, w.K)) {
         case Blocks::b32: return run(std::integral_constant<Blocks, Blocks::b32>());
