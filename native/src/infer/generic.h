@@ -553,10 +553,36 @@ inline void decode_v4_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt
     }
 }
 
+// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
+// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
+template <class V, int NV>
+inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
+    if constexpr (V::W == 16) {
+        const int64_t D = kv.head_dim;
+        for (int w = 0; w < NV; ++w) {
+            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
+                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
+        }
+    }
+}
+
 // Elements [e0, e0 + cnt) of the V row at cache index idx as floats (e0, cnt multiples of
-// 8): nib - 8 (int4), the int5 code c, or c - 32 (int6).
+// 8): nib - 8 (int4), the int5 code c, or c - 32 (int6; with AVX-512 and multiples of 16
+// straight from the planes: the same integers, so the same floats, without the code
+// bytes' store-to-load stall).
 template <class V>
 inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    if constexpr (V::W == 16) {
+        if (kv.v6 && e0 % 16 == 0 && cnt % 16 == 0) {
+            const typename V::T off = V::set1(v_code_offset(kv));
+            for (int64_t i = 0; i < cnt; i += 16) {
+                typename V::T x[1];
+                v6_lanes<V, 1>(kv, idx, e0 + i, off, x);
+                V::store(row + i, x[0]);
+            }
+            return;
+        }
+    }
     if (kv.v5 || kv.v6) {
         alignas(64) int8_t c[kMaxVGroup];
         v_code_bytes_at(kv, idx, e0, cnt, c);
@@ -1072,19 +1098,6 @@ inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
 // attn_group's output sums for R heads and E elements from e0 (inside one V group) with
 // the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
 // assembled first (as attn_v_regs): the same operations as its memory loop.
-// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
-// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
-template <class V, int NV>
-inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
-    if constexpr (V::W == 16) {
-        const int64_t D = kv.head_dim;
-        for (int w = 0; w < NV; ++w) {
-            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
-                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
-        }
-    }
-}
-
 template <class V, int R, int E>
 inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
     using T = typename V::T;
