@@ -20,6 +20,7 @@
 //   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
 //   fold16x16(const T (&a)[16])      (W = 16 only) lane p = fold16(&a[p])
 //   v6_codes16(nb, hb)               (W = 16 only) float(code) of 16 int6 V elements
+//   butterfly16(T x, int h)          (W = 16 only) one Hadamard stage h < 16 in the lanes
 //   max_abs_bits(const float*, n)    max over |x| float bits as uint32
 //   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
 //   h2f(uint16_t)                    float16 bits -> float (exact)
@@ -638,6 +639,41 @@ inline void hadamard_lanes(float* x, int64_t stride, int64_t D) {
         }
     }
     for (int64_t d = 0; d < D; ++d) V::store(x + d * stride, V::mul(V::load(x + d * stride), s));
+}
+
+// hadamard_row on n contiguous rows of D (infer.h HadamardRowsFn).  With W = 16 the
+// stages h < 16 run inside each 16-element vector (V::butterfly16: lanes i, i ^ h), the
+// others on whole vectors: the same operations per element, so the same bits.
+template <class V>
+void hadamard_rows(float* x, int64_t n, int64_t D) {
+    const int64_t b = D & -D;
+    if (V::W != 16 || b < 16) {
+        for (int64_t r = 0; r < n; ++r) hadamard_row(x + r * D, D);
+        return;
+    }
+    if constexpr (V::W == 16) {
+        using T = typename V::T;
+        const T s = V::set1(static_cast<float>(1.0 / std::sqrt(static_cast<double>(b))));
+        for (float* row = x; row < x + n * D; row += D) {
+            for (float* y = row; y < row + D; y += b) {
+                for (int64_t k = 0; k < b; k += 16) {
+                    T v = V::load(y + k);
+                    for (int h = 1; h < 16; h <<= 1) v = V::butterfly16(v, h);
+                    V::store(y + k, v);
+                }
+                for (int64_t h = 16; h < b; h <<= 1) {
+                    for (int64_t i = 0; i < b; i += 2 * h) {
+                        for (int64_t j = i; j < i + h; j += 16) {
+                            const T a = V::load(y + j), c = V::load(y + j + h);
+                            V::store(y + j, V::add(a, c));
+                            V::store(y + j + h, V::sub(a, c));
+                        }
+                    }
+                }
+            }
+            for (int64_t i = 0; i < D; i += 16) V::store(row + i, V::mul(V::load(row + i), s));
+        }
+    }
 }
 
 // Writes one token (the driver has rotated it already for a rotating layout).
@@ -1478,5 +1514,5 @@ void lora_up_row(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float*
     {                                                                                            \
         NAME, quant_act_row<V>, rmsnorm_row<V>, rmsnorm_quant_row<V>, swiglu_row<V>,             \
             swiglu_quant_row<V>, rope_row<V>, kv_write<V>, attn_heads<V>, Q8B, Q8P, Q8G, FB, FP, FG, \
-            lora_up_row<V>                                                                       \
+            lora_up_row<V>, hadamard_rows<V>                                                     \
     }

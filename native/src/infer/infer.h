@@ -220,6 +220,8 @@ struct LoraUp {
 // y[n] += scale[n] * sum_j h[j] * B^T[j, n] for n in [n0, n1): per output, mul then add
 // in increasing j, then the scale, then the add to y, so bit-identical on every ISA.
 using LoraUpFn = void (*)(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float* y);
+// The orthonormal Walsh-Hadamard transform (generic.h hadamard_row) of n rows of D in place.
+using HadamardRowsFn = void (*)(float* x, int64_t n, int64_t D);
 
 // The dispatch table of inference kernels of one ISA; every entry is filled.  Selected
 // together with the quantization KernelTable of the same name (dispatch.cpp).
@@ -240,6 +242,7 @@ struct InferTable {
     F32PrepFn f32_prep;
     F32GemmFn f32_gemm;
     LoraUpFn lora_up;
+    HadamardRowsFn hadamard_rows;
 };
 
 const InferTable& scalar_infer_table();

@@ -280,12 +280,10 @@ void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy) 
 // [T, H, D] rows (token stride ts) rotated into `into` (nullptr: scratch of the given slot).
 static const float* rotated(int slot, float* into, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
     auto* r = into != nullptr ? into : reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
+    const InferTable& tb = active();
     rows_parallel(T, 8 * H * D, [&](int64_t t) {
-        for (int64_t h = 0; h < H; ++h) {
-            float* row = r + (t * H + h) * D;
-            std::memcpy(row, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
-            hadamard_row(row, D);
-        }
+        for (int64_t h = 0; h < H; ++h) std::memcpy(r + (t * H + h) * D, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
+        tb.hadamard_rows(r + t * H * D, H, D);
         return Result{};
     });
     return r;
@@ -477,7 +475,7 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
         }
     });
     if (kv_in.rotate && (decode || pass)) {
-        for (int64_t h = 0; h < a.T * Hq; ++h) hadamard_row(a.out + h * D, D);
+        tb.hadamard_rows(a.out, a.T * Hq, D);
     }
 }
 
