@@ -1213,7 +1213,7 @@ inline void group_v_rows(const KvCache& kv, int64_t head, const AttnTile& t, int
 // accumulators as the registers hold; each query's operations do not depend on its chunk).
 template <class V, int E>
 inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, const float* S, int64_t L) {
-    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0 || t.nq < 2) return false;
+    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0) return false;
     constexpr int kGroupRows = V::W == 16 && E == 32 ? 8 : 4;
     for (int64_t r0 = 0; r0 < t.nq; r0 += kGroupRows) {
         group_v_rows<V, E, kGroupRows>(kv, head, t, r0, std::min<int64_t>(kGroupRows, t.nq - r0), L, S);

@@ -404,18 +404,18 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     const bool decode = a.T == 1;
     // Decode: one task per kv head (with 2+ threads: attend_phased's phases) with all of
-    // its query heads, so each K / V row is converted once for them (one task per query
-    // head without GQA).  Prefill: one task per (kv head, tile of tokens) with
+    // its query heads (one without GQA), so each K / V row is converted once for them
+    // (a short pass: for every token's; see `pass`).  Prefill: one task per (kv head, tile of tokens) with
     // all of its query heads (the queries fill vector lanes), so each K / V row
     // is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
-    const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
+    const bool group = decode && rep <= AttnScratch::kMaxHeads;
     const bool split = work >= kParallelMin && pool().threads() > 1;
     const bool phased = group && split && D % 16 == 0;  // (the bits do not depend on it)
     // A short pass (prompt lookup's verify pass): the decode step's group with every token's
     // query heads, phased over the threads (its queries would fill few vector lanes of a
     // tile, and a tile per kv head keeps one of two threads waiting).
-    constexpr int64_t kGroupPass = 8;
+    constexpr int64_t kGroupPass = 9;  // (prompt lookup's longest: 8 drafted tokens + 1)
     const bool pass = !decode && a.T <= kGroupPass && D % 16 == 0 && rep <= AttnScratch::kMaxHeads;
     if ((decode || pass) && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
         kv.rotate = false;
