@@ -152,8 +152,9 @@ struct AttnTile {
     float scale = 0.0f;
     int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
     float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
-    // e1 > 0: the nq (== per) heads of one token, rows of D at q and out, and only output
-    // elements [e0, e1) (multiples of 8) are written: one part of a decode step.
+    // e1 > 0: a group, the per heads of each of nq / per tokens (a decode step: one, rows
+    // of D at q and out; a short pass: token strides qstride / ostride), and only output
+    // elements [e0, e1) (multiples of 8) are written.
     int64_t e0 = 0, e1 = 0;
     // A decode step's kv head split over threads in phases (e1 > 0): kScores the positions
     // [p0, p1) of the heads' score rows S (rows of L0, shared), kSoftmax their numerators

@@ -415,7 +415,7 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     // A short pass (prompt lookup's verify pass): the decode step's group with every token's
     // query heads, phased over the threads (its queries would fill few vector lanes of a
     // tile, and a tile per kv head keeps one of two threads waiting).
-    constexpr int64_t kGroupPass = 9;  // (prompt lookup's longest: 8 drafted tokens + 1)
+    constexpr int64_t kGroupPass = 8;  // (T = 9, 27 queries in 32 lanes: cheaper as tiles)
     const bool pass = !decode && a.T <= kGroupPass && D % 16 == 0 && rep <= AttnScratch::kMaxHeads;
     if ((decode || pass) && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
         kv.rotate = false;
