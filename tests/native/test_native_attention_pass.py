@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from runtime_fixtures import native_runtime_module
+from runtime_fixtures import kv_cache_args, native_runtime_module
 
 from edgepack.runtime_shim.kv_cache import KV_LAYOUTS, KVCacheConfig, KVPool
 
@@ -32,13 +32,7 @@ def _filled(m: object, mode: str, n: int) -> tuple[tuple, dict, np.ndarray]:
     seq = pool.sequence()
     seq.prepare(list(range(START + n)))
     table = seq.block_table(START + n)
-    kv = pool.layer(0)
-    kw = {"rotate": pool.layout.rotate}
-    if kv.v_high is not None:
-        kw["v_high"] = kv.v_high
-    if kv.v_mins is not None:
-        kw["v_mins"] = kv.v_mins
-    arrays = (kv.k, kv.k_scales, kv.v, kv.v_scales)
+    arrays, kw = kv_cache_args(pool)
     r = np.random.default_rng(11)
     kx = (r.standard_normal((START, H, D)) * 2).astype(np.float32)
     vx = r.standard_normal((START, H, D)).astype(np.float32)
