@@ -404,10 +404,10 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     const bool decode = a.T == 1;
     // Decode: one task per kv head (with 2+ threads: attend_phased's phases) with all of
-    // its query heads (one without GQA), so each K / V row is converted once for them
-    // (a short pass: for every token's; see `pass`).  Prefill: one task per (kv head, tile of tokens) with
-    // all of its query heads (the queries fill vector lanes), so each K / V row
-    // is converted once per tile.  Every query's arithmetic is the same either way.
+    // its query heads (one without GQA), so each K / V row is converted once for them (a
+    // short pass: for every token's, see `pass`).  Prefill: one task per (kv head, tile of
+    // tokens) with all of its query heads (the queries fill vector lanes), so each K / V
+    // row is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
     const bool group = decode && rep <= AttnScratch::kMaxHeads;
     const bool split = work >= kParallelMin && pool().threads() > 1;
