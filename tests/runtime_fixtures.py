@@ -181,6 +181,17 @@ def native_runtime_module(needs: str = "quantize_act"):
     return mod
 
 
+def kv_cache_args(pool) -> tuple[tuple, dict]:
+    """Layer 0 of a KVPool as the native attention's cache arguments and keywords."""
+    kv = pool.layer(0)
+    kw = {"rotate": pool.layout.rotate}
+    if kv.v_high is not None:
+        kw["v_high"] = kv.v_high
+    if kv.v_mins is not None:
+        kw["v_mins"] = kv.v_mins
+    return (kv.k, kv.k_scales, kv.v, kv.v_scales), kw
+
+
 def tiny_package(factory, encoding: str) -> Path:
     """A tiny Llama converted to ``encoding`` in a fresh temporary folder."""
     root = factory.mktemp(f"tiny-{encoding}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_fixtures import native_runtime_module
+from runtime_fixtures import kv_cache_args, native_runtime_module
 
 from edgepack.runtime_shim.kernels.numpy_backend import NumpyKernels
 from edgepack.runtime_shim.kv_cache import KV_LAYOUTS, KVCacheConfig, KVPool
@@ -36,16 +36,6 @@ def _pool(mode: str) -> tuple[KVPool, np.ndarray]:
     return pool, seq.block_table(40)
 
 
-def _cache_args(pool: KVPool) -> tuple[tuple, dict]:
-    kv = pool.layer(0)
-    kw = {"rotate": pool.layout.rotate}
-    if kv.v_high is not None:
-        kw["v_high"] = kv.v_high
-    if kv.v_mins is not None:
-        kw["v_mins"] = kv.v_mins
-    return (kv.k, kv.k_scales, kv.v, kv.v_scales), kw
-
-
 @pytest.mark.parametrize("mode", list(KV_LAYOUTS))
 @pytest.mark.parametrize(
     "window,softcap,scale", [(5, None, None), (None, 3.0, None), (6, 2.5, 0.2), (64, None, 0.3)]
@@ -64,7 +54,7 @@ def test_attention_variants_prefill_equals_decode_and_numpy(
     outs = []
     for call in ("prefill", "decode"):
         pool, table = _pool(mode)
-        arrays, kw = _cache_args(pool)
+        arrays, kw = kv_cache_args(pool)
         mod.kv_write(kx[:t0], vx[:t0], *arrays, table, 0, **kw)
         if call == "prefill":
             out = mod.attention_prefill(q, kx[t0:], vx[t0:], *arrays, table, t0, **kw, **opts)
@@ -91,7 +81,7 @@ def test_attention_variants_prefill_equals_decode_and_numpy(
 def test_attention_rejects_bad_options() -> None:
     mod = native_runtime_module("attention_prefill")
     pool, table = _pool("float")
-    arrays, _ = _cache_args(pool)
+    arrays, _ = kv_cache_args(pool)
     x = np.zeros((1, H, D), np.float32)
     with pytest.raises(ValueError, match="window"):
         mod.attention_prefill(x, x, x, arrays[0], None, arrays[2], None, table, 0, window=-1)

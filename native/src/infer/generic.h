@@ -20,6 +20,7 @@
 //   fold16(const T* acc)             canonical fold of the 16 lanes held in acc[16 / W]
 //   fold16x16(const T (&a)[16])      (W = 16 only) lane p = fold16(&a[p])
 //   v6_codes16(nb, hb)               (W = 16 only) float(code) of 16 int6 V elements
+//   butterfly16(T x, int h)          (W = 16 only) one Hadamard stage h < 16 in the lanes
 //   max_abs_bits(const float*, n)    max over |x| float bits as uint32
 //   nib32(const uint8_t* p, float* o)  o[i] = float(nib_i) - 8 for the 32 nibbles of p[0, 16)
 //   h2f(uint16_t)                    float16 bits -> float (exact)
@@ -553,10 +554,36 @@ inline void decode_v4_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt
     }
 }
 
+// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
+// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
+template <class V, int NV>
+inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
+    if constexpr (V::W == 16) {
+        const int64_t D = kv.head_dim;
+        for (int w = 0; w < NV; ++w) {
+            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
+                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
+        }
+    }
+}
+
 // Elements [e0, e0 + cnt) of the V row at cache index idx as floats (e0, cnt multiples of
-// 8): nib - 8 (int4), the int5 code c, or c - 32 (int6).
+// 8): nib - 8 (int4), the int5 code c, or c - 32 (int6; with AVX-512 and multiples of 16
+// straight from the planes: the same integers, so the same floats, without the code
+// bytes' store-to-load stall).
 template <class V>
 inline void decode_v_at(const KvCache& kv, int64_t idx, int64_t e0, int64_t cnt, float* row) {
+    if constexpr (V::W == 16) {
+        if (kv.v6 && e0 % 16 == 0 && cnt % 16 == 0) {
+            const typename V::T off = V::set1(v_code_offset(kv));
+            for (int64_t i = 0; i < cnt; i += 16) {
+                typename V::T x[1];
+                v6_lanes<V, 1>(kv, idx, e0 + i, off, x);
+                V::store(row + i, x[0]);
+            }
+            return;
+        }
+    }
     if (kv.v5 || kv.v6) {
         alignas(64) int8_t c[kMaxVGroup];
         v_code_bytes_at(kv, idx, e0, cnt, c);
@@ -612,6 +639,41 @@ inline void hadamard_lanes(float* x, int64_t stride, int64_t D) {
         }
     }
     for (int64_t d = 0; d < D; ++d) V::store(x + d * stride, V::mul(V::load(x + d * stride), s));
+}
+
+// hadamard_row on n contiguous rows of D (infer.h HadamardRowsFn).  With W = 16 the
+// stages h < 16 run inside each 16-element vector (V::butterfly16: lanes i, i ^ h), the
+// others on whole vectors: the same operations per element, so the same bits.
+template <class V>
+void hadamard_rows(float* x, int64_t n, int64_t D) {
+    const int64_t b = D & -D;
+    if (V::W != 16 || b < 16) {
+        for (int64_t r = 0; r < n; ++r) hadamard_row(x + r * D, D);
+        return;
+    }
+    if constexpr (V::W == 16) {
+        using T = typename V::T;
+        const T s = V::set1(static_cast<float>(1.0 / std::sqrt(static_cast<double>(b))));
+        for (float* row = x; row < x + n * D; row += D) {
+            for (float* y = row; y < row + D; y += b) {
+                for (int64_t k = 0; k < b; k += 16) {
+                    T v = V::load(y + k);
+                    for (int h = 1; h < 16; h <<= 1) v = V::butterfly16(v, h);
+                    V::store(y + k, v);
+                }
+                for (int64_t h = 16; h < b; h <<= 1) {
+                    for (int64_t i = 0; i < b; i += 2 * h) {
+                        for (int64_t j = i; j < i + h; j += 16) {
+                            const T a = V::load(y + j), c = V::load(y + j + h);
+                            V::store(y + j, V::add(a, c));
+                            V::store(y + j + h, V::sub(a, c));
+                        }
+                    }
+                }
+            }
+            for (int64_t i = 0; i < D; i += 16) V::store(row + i, V::mul(V::load(row + i), s));
+        }
+    }
 }
 
 // Writes one token (the driver has rotated it already for a rotating layout).
@@ -730,6 +792,9 @@ inline void add_const(float* out, float a, int64_t n) {
 // Tile of queries (see AttnTile): lengths L_j = L0 + j / per are nondecreasing in j, so
 // the queries that see position p are those with j >= first_active(p).
 inline int64_t first_active(const AttnTile& t, int64_t p) { return p < t.L0 ? 0 : (p - t.L0 + 1) * t.per; }
+
+// The positions the tile's last query sees (a decode step's group: t.L0).
+inline int64_t group_rows(const AttnTile& t) { return t.L0 + (t.nq - 1) / t.per; }
 
 inline const float* tile_q(const AttnTile& t, int64_t j, int64_t D) {
     return t.q + (j / t.per) * t.qstride + (j % t.per) * D;
@@ -1072,21 +1137,9 @@ inline void softmax_numerators(float* sj, int64_t L, const AttnTile& t) {
 // attn_group's output sums for R heads and E elements from e0 (inside one V group) with
 // the accumulators in registers and the int5 / int6 code bytes of kAttnCodeRows rows
 // assembled first (as attn_v_regs): the same operations as its memory loop.
-// x[w] = float(code) - 32 of the int6 V elements [e0 + 16 w, e0 + 16 w + 16) of row idx
-// (with AVX-512 only: the codes of v_code_bytes_at, converted as there).
-template <class V, int NV>
-inline void v6_lanes(const KvCache& kv, int64_t idx, int64_t e0, typename V::T off, typename V::T* x) {
-    if constexpr (V::W == 16) {
-        const int64_t D = kv.head_dim;
-        for (int w = 0; w < NV; ++w) {
-            x[w] = V::sub(V::v6_codes16(kv.v + idx * (D / 2) + (e0 + 16 * w) / 2,
-                                        kv.v_high + idx * (D / 4) + (e0 + 16 * w) / 4), off);
-        }
-    }
-}
-
 template <class V, int R, int E>
-inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float* S, int64_t e0, float* out) {
+inline void group_v_regs(const KvCache& kv, int64_t head, const AttnTile& t, int64_t r0, int64_t L, const float* S) {
+    const int64_t e0 = t.e0;
     using T = typename V::T;
     constexpr int NV = E / V::W;
     const int64_t D = kv.head_dim, H = kv.n_kv_heads, BS = kv.block_size, n = kv.v_group, G = D / n, g = e0 / n;
@@ -1131,7 +1184,7 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
                 const float d = v_scale_at<V>(kv, idx * G + g);
                 const float mn = kv.v5 ? V::h2f(kv.v_min[idx * G + g]) : 0.0f;
                 for (int r = 0; r < R; ++r) {
-                    const float e = S[r * L + p];
+                    const float e = S[(r0 + r) * L + p];
                     const T va = V::set1(e * d);
                     for (int w = 0; w < NV; ++w) acc[r][w] = V::add(acc[r][w], V::mul(va, x[w]));
                     if (kv.v5) {
@@ -1143,19 +1196,29 @@ inline void group_v_regs(const KvCache& kv, int64_t head, int64_t L, const float
         }
     }
     for (int r = 0; r < R; ++r) {
-        for (int w = 0; w < NV; ++w) V::store(out + r * D + e0 + w * V::W, acc[r][w]);
+        for (int w = 0; w < NV; ++w) V::store(tile_out(t, r0 + r, D) + e0 + w * V::W, acc[r][w]);
     }
 }
 
-template <class V, int E>
-inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, const float* S) {
-    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0) return false;
-    switch (t.nq) {
-        case 2: group_v_regs<V, 2, E>(kv, head, t.L0, S, t.e0, t.out); return true;
-        case 3: group_v_regs<V, 3, E>(kv, head, t.L0, S, t.e0, t.out); return true;
-        case 4: group_v_regs<V, 4, E>(kv, head, t.L0, S, t.e0, t.out); return true;
-        default: return false;
+// group_v_regs for queries [r0, r0 + R) of the tile with R = n at run time (1 <= n <= RM).
+template <class V, int E, int RM>
+inline void group_v_rows(const KvCache& kv, int64_t head, const AttnTile& t, int64_t r0, int64_t n, int64_t L, const float* S) {
+    if constexpr (RM > 1) {
+        if (n < RM) return group_v_rows<V, E, RM - 1>(kv, head, t, r0, n, L, S);
     }
+    group_v_regs<V, RM, E>(kv, head, t, r0, L, S);
+}
+
+// The V sums of every query of the tile, kGroupRows of them at a time (as many
+// accumulators as the registers hold; each query's operations do not depend on its chunk).
+template <class V, int E>
+inline bool group_v_fast(const KvCache& kv, int64_t head, const AttnTile& t, const float* S, int64_t L) {
+    if (!kv.quantized || t.e1 - t.e0 != E || kv.v_group % E != 0) return false;
+    constexpr int kGroupRows = V::W == 16 && E == 32 ? 8 : 4;
+    for (int64_t r0 = 0; r0 < t.nq; r0 += kGroupRows) {
+        group_v_rows<V, E, kGroupRows>(kv, head, t, r0, std::min<int64_t>(kGroupRows, t.nq - r0), L, S);
+    }
+    return true;
 }
 
 // The cache index of (position p, head) for p = 0, 1, 2, ... without a division per step.
@@ -1184,7 +1247,7 @@ struct KvWalk {
 template <class V>
 inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t, float* S, int64_t p_begin, int64_t p_end) {
     constexpr int64_t kMaxD = 128;
-    const int64_t D = kv.head_dim, L = t.L0, R = t.nq;
+    const int64_t D = kv.head_dim, L = group_rows(t), R = t.nq;
     if constexpr (V::W != 16) {
         return p_begin;
     } else {
@@ -1213,7 +1276,7 @@ inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t
             }
             const T vks = V::load(ks), vscale = V::set1(t.scale);
             for (int64_t r = 0; r < R; ++r) {
-                const float* q = t.q + r * D;
+                const float* q = tile_q(t, r, D);
                 T acc[16];
                 for (int s = 0; s < 16; ++s) {
                     T a = V::zero();
@@ -1232,7 +1295,7 @@ inline int64_t group_scores16(const KvCache& kv, int64_t head, const AttnTile& t
 // (rows of t.L0): every position gets the same operations whatever the range.
 template <class V>
 void group_scores(const KvCache& kv, int64_t head, const AttnTile& t, float* S, int64_t p_begin, int64_t p_end, float* krow) {
-    const int64_t D = kv.head_dim, R = t.nq, L = t.L0;
+    const int64_t D = kv.head_dim, R = t.nq, L = group_rows(t);
     const int64_t p16 = group_scores16<V>(kv, head, t, S, p_begin, p_end);
     for (int64_t p = p16, idx = 0; p < p_end; ++p) {
         idx = p % kv.block_size != 0 && p > p16 ? idx + kv.n_kv_heads : kv.index(p, head);
@@ -1246,28 +1309,32 @@ void group_scores(const KvCache& kv, int64_t head, const AttnTile& t, float* S, 
         }
         const float ks = kv.quantized ? k_scale_at<V>(kv, idx) : 1.0f;
         for (int64_t r = 0; r < R; ++r) {
-            const float dot = dot16<V>(t.q + r * D, kr, D, [](const float* x) { return V::load(x); });
+            const float dot = dot16<V>(tile_q(t, r, D), kr, D, [](const float* x) { return V::load(x); });
             S[r * L + p] = kv.quantized ? (dot * ks) * t.scale : dot * t.scale;
         }
     }
 }
 
-// One score row's softmax numerators in place; returns 1 / their sum.
+// Query r's score row sj (of group_rows(t)) as softmax numerators in place, 0 past the
+// positions it sees (those terms of group_v change no bit: the TileLanes note); returns
+// 1 / their sum.
 template <class V>
-float group_softmax(float* sj, const AttnTile& t) {
-    softmax_numerators<V>(sj, t.L0, t);
-    return 1.0f / sum16<V>(sj, t.L0);
+float group_softmax(float* sj, const AttnTile& t, int64_t r) {
+    const int64_t L = t.L0 + r / t.per;
+    softmax_numerators<V>(sj, L, t);
+    for (int64_t p = L; p < group_rows(t); ++p) sj[p] = 0.0f;
+    return 1.0f / sum16<V>(sj, L);
 }
 
-// attn_group's output elements [e0, e1) of its R heads from the numerators S and the
+// attn_group's output elements [e0, e1) of its R queries from the numerators S and the
 // 1 / sums inv.
 template <class V>
 void group_v(const KvCache& kv, int64_t head, const AttnTile& t, const float* S, const float* inv, float* row) {
-    const int64_t D = kv.head_dim, R = t.nq, L = t.L0, n = kv.v_group, G = kv.quantized ? D / n : 1;
+    const int64_t D = kv.head_dim, R = t.nq, L = group_rows(t), n = kv.v_group, G = kv.quantized ? D / n : 1;
     for (int64_t r = 0; r < R; ++r) {
-        for (int64_t i = t.e0; i < t.e1; ++i) t.out[r * D + i] = 0.0f;
+        for (int64_t i = t.e0; i < t.e1; ++i) tile_out(t, r, D)[i] = 0.0f;
     }
-    const bool fast = group_v_fast<V, 32>(kv, head, t, S) || group_v_fast<V, 64>(kv, head, t, S);
+    const bool fast = group_v_fast<V, 32>(kv, head, t, S, L) || group_v_fast<V, 64>(kv, head, t, S, L);
     for (int64_t p = 0, idx = 0; p < L && !fast; ++p) {
         idx = p % kv.block_size != 0 ? idx + kv.n_kv_heads : kv.index(p, head);
         for (int64_t a = t.e0; a < t.e1;) {  // the parts of [e0, e1) in one V group each
@@ -1283,36 +1350,38 @@ void group_v(const KvCache& kv, int64_t head, const AttnTile& t, const float* S,
             }
             for (int64_t r = 0; r < R; ++r) {
                 const float e = S[r * L + p];
-                axpy_row<V>(t.out + r * D + a, kv.quantized ? e * d : e, vr, b - a);
-                if (kv.v5) add_const<V>(t.out + r * D + a, e * mn, b - a);
+                axpy_row<V>(tile_out(t, r, D) + a, kv.quantized ? e * d : e, vr, b - a);
+                if (kv.v5) add_const<V>(tile_out(t, r, D) + a, e * mn, b - a);
             }
             a = b;
         }
     }
     for (int64_t r = 0; r < R; ++r) {
         const typename V::T vi = V::set1(inv[r]);
-        float* o = t.out + r * D;
+        float* o = tile_out(t, r, D);
         int64_t i = t.e0;
         for (; i + V::W <= t.e1; i += V::W) V::store(o + i, V::mul(V::load(o + i), vi));
         for (; i < t.e1; ++i) o[i] = o[i] * inv[r];
     }
 }
 
+// (A pass of several tokens, nq > per, brings its own S and inv: the scratch holds
+// kMaxHeads rows.)
 template <class V>
 void attn_group(const KvCache& kv, int64_t head, const AttnTile& t, float* sc) {
-    const int64_t L = t.L0;
+    const int64_t L = group_rows(t);
     const AttnScratch lay(1, L, kv.head_dim);
     float* S = t.S != nullptr ? t.S : sc + lay.sc;
     if (t.phase == AttnTile::kScores) return group_scores<V>(kv, head, t, S, t.p0, t.p1, sc + lay.krow);
     if (t.phase == AttnTile::kSoftmax) {
-        for (int64_t r = 0; r < t.nq; ++r) t.inv[r] = group_softmax<V>(S + r * L, t);
+        for (int64_t r = 0; r < t.nq; ++r) t.inv[r] = group_softmax<V>(S + r * L, t, r);
         return;
     }
     float inv_own[AttnScratch::kMaxHeads];
     float* inv = t.inv != nullptr ? t.inv : inv_own;
     if (t.phase == AttnTile::kWhole) {
         group_scores<V>(kv, head, t, S, 0, L, sc + lay.krow);
-        for (int64_t r = 0; r < t.nq; ++r) inv[r] = group_softmax<V>(S + r * L, t);
+        for (int64_t r = 0; r < t.nq; ++r) inv[r] = group_softmax<V>(S + r * L, t, r);
     }
     group_v<V>(kv, head, t, S, inv, sc + lay.vrows);
 }
@@ -1445,5 +1514,5 @@ void lora_up_row(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float*
     {                                                                                            \
         NAME, quant_act_row<V>, rmsnorm_row<V>, rmsnorm_quant_row<V>, swiglu_row<V>,             \
             swiglu_quant_row<V>, rope_row<V>, kv_write<V>, attn_heads<V>, Q8B, Q8P, Q8G, FB, FP, FG, \
-            lora_up_row<V>                                                                       \
+            lora_up_row<V>, hadamard_rows<V>                                                     \
     }

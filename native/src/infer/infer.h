@@ -152,8 +152,9 @@ struct AttnTile {
     float scale = 0.0f;
     int64_t window = 0;    // > 0: query j sees only positions [L_j - window, L_j)
     float softcap = 0.0f;  // > 0: scores s -> softcap * tanh(s / softcap) before the softmax
-    // e1 > 0: the nq (== per) heads of one token, rows of D at q and out, and only output
-    // elements [e0, e1) (multiples of 8) are written: one part of a decode step.
+    // e1 > 0: a group, the per heads of each of nq / per tokens (a decode step: one, rows
+    // of D at q and out; a short pass: token strides qstride / ostride), and only output
+    // elements [e0, e1) (multiples of 8) are written.
     int64_t e0 = 0, e1 = 0;
     // A decode step's kv head split over threads in phases (e1 > 0): kScores the positions
     // [p0, p1) of the heads' score rows S (rows of L0, shared), kSoftmax their numerators
@@ -220,6 +221,8 @@ struct LoraUp {
 // y[n] += scale[n] * sum_j h[j] * B^T[j, n] for n in [n0, n1): per output, mul then add
 // in increasing j, then the scale, then the add to y, so bit-identical on every ISA.
 using LoraUpFn = void (*)(const LoraUp& b, const float* h, int64_t n0, int64_t n1, float* y);
+// The orthonormal Walsh-Hadamard transform (generic.h hadamard_row) of n rows of D in place.
+using HadamardRowsFn = void (*)(float* x, int64_t n, int64_t D);
 
 // The dispatch table of inference kernels of one ISA; every entry is filled.  Selected
 // together with the quantization KernelTable of the same name (dispatch.cpp).
@@ -240,6 +243,7 @@ struct InferTable {
     F32PrepFn f32_prep;
     F32GemmFn f32_gemm;
     LoraUpFn lora_up;
+    HadamardRowsFn hadamard_rows;
 };
 
 const InferTable& scalar_infer_table();

@@ -280,12 +280,10 @@ void lora_up(const LoraUp& b, const float* h, int64_t T, float* y, int64_t ldy) 
 // [T, H, D] rows (token stride ts) rotated into `into` (nullptr: scratch of the given slot).
 static const float* rotated(int slot, float* into, const float* x, int64_t ts, int64_t T, int64_t H, int64_t D) {
     auto* r = into != nullptr ? into : reinterpret_cast<float*>(scratch(slot, T * H * D * static_cast<int64_t>(sizeof(float))));
+    const InferTable& tb = active();
     rows_parallel(T, 8 * H * D, [&](int64_t t) {
-        for (int64_t h = 0; h < H; ++h) {
-            float* row = r + (t * H + h) * D;
-            std::memcpy(row, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
-            hadamard_row(row, D);
-        }
+        for (int64_t h = 0; h < H; ++h) std::memcpy(r + (t * H + h) * D, x + t * ts + h * D, static_cast<size_t>(D) * sizeof(float));
+        tb.hadamard_rows(r + t * H * D, H, D);
         return Result{};
     });
     return r;
@@ -340,34 +338,41 @@ Result kv_append(const KvCache& kv_in, const AttnArgs& a_in) {
     return {};
 }
 
-// A decode step's grouped attention over the threads in two phases, so no score is
-// computed twice: the score rows of every kv head by position halves (the half that ends
-// last runs their softmax), then the V sums by output halves (attn_group's operations, so
-// the same bits).
-static void attend_phased(const KvCache& kv, const AttnArgs& a, int64_t bytes) {
+// A decode step's or a short pass's grouped attention (every query of a kv head, its T
+// tokens' query heads, as one group: each K / V row converted once for all of them) over
+// the threads in two phases, so no score is computed twice: the score rows of every kv
+// head by position halves (the half that ends last runs their softmax), then the V sums
+// by output halves (attn_group's operations, so the same bits; one thread when `split`
+// is false).
+static void attend_phased(const KvCache& kv, const AttnArgs& a, int64_t bytes, bool split) {
     const InferTable& tb = active();
-    const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv, L = a.start + 1;
+    const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv, L = a.start + a.T;
+    const int64_t nq = a.T * rep;  // a kv head's queries: token j / rep, head j % rep
     constexpr int64_t kHalves = 2;
     const int64_t mid = L / kHalves / 16 * 16;  // (a multiple of 16: group_scores16's batches)
-    auto* S = reinterpret_cast<float*>(scratch(6, (Hq * L + Hq) * static_cast<int64_t>(sizeof(float))));
-    float* inv = S + Hq * L;
+    auto* S = reinterpret_cast<float*>(scratch(6, (Hkv * nq * L + Hkv * nq) * static_cast<int64_t>(sizeof(float))));
+    float* inv = S + Hkv * nq * L;
     const auto tile_of = [&](int64_t g, AttnTile::Phase phase) {
         AttnTile t;
         t.scale = a.scale;
         t.window = a.window;
         t.softcap = a.softcap;
         t.q = a.q + g * rep * D;
+        t.qstride = a.qts;
         t.out = a.out + g * rep * D;
-        t.nq = t.per = rep;
-        t.L0 = L;
+        t.ostride = Hq * D;
+        t.nq = nq;
+        t.per = rep;
+        t.L0 = a.start + 1;
         t.e1 = D;
         t.phase = phase;
-        t.S = S + g * rep * L;
-        t.inv = inv + g * rep;
+        t.S = S + g * nq * L;
+        t.inv = inv + g * nq;
         return t;
     };
     const auto run = [&](int64_t tasks, auto&& task) {
-        pool().parallel_chunks(tasks, pool().chunk_count(tasks, 1, 1), [&](int64_t, int64_t i0, int64_t i1) {
+        const int64_t chunks = split ? pool().chunk_count(tasks, 1, 1) : 1;
+        pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
             auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
             for (int64_t i = i0; i < i1; ++i) task(i, sc);
         });
@@ -399,17 +404,22 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const int64_t Hq = a.n_heads, D = kv.head_dim, Hkv = kv.n_kv_heads, rep = Hq / Hkv;
     const bool decode = a.T == 1;
     // Decode: one task per kv head (with 2+ threads: attend_phased's phases) with all of
-    // its query heads, so each K / V row is converted once for them (one task per query
-    // head without GQA).  Prefill: one task per (kv head, tile of tokens) with
-    // all of its query heads (the queries fill vector lanes), so each K / V row
-    // is converted once per tile.  Every query's arithmetic is the same either way.
+    // its query heads (one without GQA), so each K / V row is converted once for them (a
+    // short pass: for every token's, see `pass`).  Prefill: one task per (kv head, tile of
+    // tokens) with all of its query heads (the queries fill vector lanes), so each K / V
+    // row is converted once per tile.  Every query's arithmetic is the same either way.
     const int64_t work = Hq * a.T * (a.start + a.T) * D;
-    const bool group = decode && rep > 1 && rep <= AttnScratch::kMaxHeads;
+    const bool group = decode && rep <= AttnScratch::kMaxHeads;
     const bool split = work >= kParallelMin && pool().threads() > 1;
     const bool phased = group && split && D % 16 == 0;  // (the bits do not depend on it)
-    if (decode && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
+    // A short pass (prompt lookup's verify pass): the decode step's group with every token's
+    // query heads, phased over the threads (its queries would fill few vector lanes of a
+    // tile, and a tile per kv head keeps one of two threads waiting).
+    constexpr int64_t kGroupPass = 8;  // (T = 9, 27 queries in 32 lanes: cheaper as tiles)
+    const bool pass = !decode && a.T <= kGroupPass && D % 16 == 0 && rep <= AttnScratch::kMaxHeads;
+    if ((decode || pass) && kv.rotate) {  // (a tile rotates q and its output in its lanes itself)
         kv.rotate = false;
-        a.q = rotated(5, a.rot_q, a.q, a.qts, 1, Hq, D);
+        a.q = rotated(5, a.rot_q, a.q, a.qts, a.T, Hq, D);
         a.qts = Hq * D;
     }
     // A pass of a few tokens whose rep * T queries take more than one 16-lane vector (prompt
@@ -423,9 +433,9 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
     const int64_t tasks = group ? Hkv : decode ? Hq : Hkv * tiles;
     const int64_t chunks = (!split || tasks == 1) ? 1 : pool().chunk_count(tasks, 1, decode ? 1 : 8);
     const int64_t Lmax = a.start + a.T;
-    const int64_t bytes = AttnScratch(decode ? 1 : rep * std::min(tile_tokens, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
-    if (phased) {
-        attend_phased(kv, a, bytes);
+    const int64_t bytes = AttnScratch(decode || pass ? 1 : rep * std::min(tile_tokens, a.T), Lmax, D).total * static_cast<int64_t>(sizeof(float));
+    if (phased || pass) {
+        attend_phased(kv, a, bytes, split);
     } else pool().parallel_chunks(tasks, chunks, [&](int64_t, int64_t i0, int64_t i1) {
         auto* sc = reinterpret_cast<float*>(scratch(3, bytes));  // this thread's
         for (int64_t i = i0; i < i1; ++i) {
@@ -464,8 +474,8 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
             tb.attn_heads(kv, g, t, sc);
         }
     });
-    if (kv_in.rotate && decode) {
-        for (int64_t h = 0; h < Hq; ++h) hadamard_row(a.out + h * D, D);
+    if (kv_in.rotate && (decode || pass)) {
+        tb.hadamard_rows(a.out, a.T * Hq, D);
     }
 }
 

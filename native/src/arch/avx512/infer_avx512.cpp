@@ -73,6 +73,14 @@ struct V16 {
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, hsh), _mm512_set1_epi32(3)), 4));
         return _mm512_cvtepi32_ps(c);
     }
+    // Hadamard stage h (1, 2, 4, 8) on lanes: lane i gets x[i] + x[i + h] (bit h of i clear)
+    // or x[i - h] - x[i] (set): hadamard_row's a + c and a - c.
+    static T butterfly16(T x, int h) {
+        const T c = _mm512_permutexvar_ps(_mm512_xor_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                           _mm512_set1_epi32(h)), x);
+        const __mmask16 high = h == 1 ? 0xAAAA : h == 2 ? 0xCCCC : h == 4 ? 0xF0F0 : 0xFF00;
+        return _mm512_mask_sub_ps(_mm512_add_ps(x, c), high, c, x);
+    }
     // fold16 of 16 vectors at once: lane p of the result = fold16(&a[p]).  The same adds
     // (lane i + lane i + h for h = 8, 4, 2, 1, in that operand order) with two vectors'
     // halves paired per shuffle, so the same bits; positions end up in lane 4 (p % 4) + p / 4.
