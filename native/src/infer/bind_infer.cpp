@@ -932,7 +932,7 @@ void bind_infer(py::module_& m) {
         const float* xp = static_cast<const float*>(x.data());
         {
             py::gil_scoped_release nogil;
-            for (int64_t t = 0; t < T; ++t) p[t] = infer::argmax_first(xp + t * n, n);
+            infer::argmax_rows(xp, T, n, p);
         }
         return picks;
     }, py::arg("x"), "Each row's argmax as numpy's (the first maximum, or the first NaN): Stack.run's picks.");

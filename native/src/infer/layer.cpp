@@ -864,11 +864,6 @@ bool run_head(const Lin& head, bool act, const float* x, int64_t rows, float* lo
     return true;
 }
 
-// Each row's float32 argmax as numpy's: the first maximum, or the first NaN.
-void row_argmax(const float* y, int64_t rows, int64_t n, int64_t* picks) {
-    for (int64_t t = 0; t < rows; ++t) picks[t] = argmax_first(y + t * n, n);
-}
-
 // Runs the parsed layers args[0, parsed) in turn on args[0].x (no GIL), then, when they
 // are all n, the final RMSNorm and the head of the last `rows` rows (their argmax into
 // `picks` when given): Stack.run's result. `reason`: why layer `parsed` (< n) cannot run
@@ -913,7 +908,7 @@ py::tuple run_stack(std::vector<LayerArgs>& args, std::vector<float>& other, con
         if (done == n) {
             rmsnorm({cur, H}, normw, T, H, eps, outp, H);
             if (head != nullptr) head_ok = run_head(*head, args[0].act, outp + (T - rows) * H, rows, lp);
-            if (head_ok && picks != nullptr) row_argmax(lp, rows, head->N, picks);
+            if (head_ok && picks != nullptr) argmax_rows(lp, rows, head->N, picks);
         } else if (cur != outp) {
             std::copy(cur, cur + T * H, outp);
         }

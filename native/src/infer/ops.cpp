@@ -543,6 +543,10 @@ int64_t argmax_first(const float* r, int64_t n) {
     return argmax_scan(r, b, best, n);
 }
 
+void argmax_rows(const float* y, int64_t rows, int64_t n, int64_t* picks) {
+    for (int64_t t = 0; t < rows; ++t) picks[t] = argmax_first(y + t * n, n);
+}
+
 uint64_t read_probe(const uint8_t* p, int64_t n) {
     const int64_t words = n / 8;
     const int64_t chunks = pool().chunk_count(words, 1 << 16, 1);

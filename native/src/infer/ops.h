@@ -77,6 +77,8 @@ Result attention(const KvCache& kv, const AttnArgs& a);
 
 // The float32 argmax of a row of n >= 1 as numpy's: the first maximum, or the first NaN.
 int64_t argmax_first(const float* r, int64_t n);
+// argmax_first of each of `rows` rows of n (Stack.run's picks).
+void argmax_rows(const float* y, int64_t rows, int64_t n, int64_t* picks);
 
 // Reads n bytes with the pool (memory-bandwidth probe for benchmarks); returns a checksum.
 uint64_t read_probe(const uint8_t* p, int64_t n);
