@@ -423,7 +423,8 @@ void attend(const KvCache& kv_in, const AttnArgs& a_in) {
         a.qts = Hq * D;
     }
     // A pass of a few tokens whose rep * T queries take more than one 16-lane vector (prompt
-    // lookup's verify passes, T = 6 and more with 3 query heads per kv head) is cut into
+    // lookup's verify passes not taken by `pass`: T = 9 and more with 3 query heads per kv
+    // head, or from T = 6 when D is not a multiple of 16) is cut into
     // tiles that fill one each: with only n_kv_heads tasks, the threads would wait on the
     // last, twice as long; more tiles convert the K / V rows more often, which costs less.
     constexpr int64_t kTile = 32, kLanes = 16, kSmallPass = 15;
