@@ -1,7 +1,7 @@
 """A short pass (prompt lookup's verify pass: 2..9 tokens after a long context) runs the
 decode step's grouped attention with every token's query heads, split over the threads
 in phases: its outputs must keep the bits of the same tokens' decode steps, for any
-thread count, on every KV layout, with a sliding window and score soft-capping too."""
+thread count, on every ISA and KV layout, with a sliding window and score soft-capping too."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _filled(m: object, mode: str, n: int) -> tuple[tuple, dict, np.ndarray]:
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (40, 0.0), (0, 3.0)])
 @pytest.mark.parametrize("hq", [9, 3])  # SmolLM2's GQA, and none
 def test_short_pass_equals_decode_steps_for_any_thread_count(
-    mod: object, mode: str, window: int, softcap: float, hq: int
+    mod: object, isa: str, mode: str, window: int, softcap: float, hq: int
 ) -> None:
     n = 9
     r = np.random.default_rng(12)
