@@ -25,20 +25,40 @@ __all__ = ["release_code_pages", "release_freed_memory", "release_library_code"]
 
 
 @lru_cache(maxsize=1)
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` as a ctypes function, or None where there is none."""
+def _libc() -> Any:
+    """The C library this process already runs on (ctypes), or None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None)  # the C library this process already runs on
+        return ctypes.CDLL(None)
     except OSError:
         return None
-    trim = getattr(libc, "malloc_trim", None)
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` as a ctypes function, or None where there is none."""
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
+        import ctypes
+
         trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
+
+
+@lru_cache(maxsize=1)
+def _madvise() -> Any:
+    """``madvise`` as a ctypes function, or None off Linux."""
+    libc = _libc()
+    if libc is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    import ctypes
+
+    advise = libc.madvise
+    advise.argtypes, advise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return advise
 
 
 def release_freed_memory() -> bool:
@@ -80,18 +100,15 @@ def release_library_code() -> int:
 
 
 def _release(wanted: Callable[[str], bool]) -> int:
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_DONTNEED"):
+    advise = _madvise()
+    if advise is None:
         return 0
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     try:
         spans = _clean_mappings(wanted)
     except OSError:
         return 0
     done = 0
     for start, length in spans:
-        if libc.madvise(start, length, mmap.MADV_DONTNEED) == 0:
+        if advise(start, length, mmap.MADV_DONTNEED) == 0:
             done += length
     return done

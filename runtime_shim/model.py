@@ -385,13 +385,14 @@ class Model:
                 f"context of {seq.length + len(tokens)} tokens exceeds the model's "
                 f"{self.config.max_position_embeddings}"
             )
+        trim = len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES
         with self.lock:
             if stats is None:
                 stats = self._unread_stats
             try:
-                return self._forward(seq, tokens, logits, stats, collect, teacher, adapter)
+                return self._forward(seq, tokens, logits, stats, collect, teacher, adapter, trim)
             finally:
-                if len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES:
+                if trim:
                     release_freed_memory()
 
     def _forward(
@@ -403,11 +404,11 @@ class Model:
         collect: dict[str, list[np.ndarray]] | None,
         teacher: dict[str, np.ndarray] | None,
         adapter: ActiveAdapter | None = None,
+        trim: bool = False,
     ) -> np.ndarray | None:
         outs = []
         step = self.prefill_chunk
         every_row = logits in ("all", "argmax")
-        trim = len(tokens) * self.config.hidden_size * 4 >= _RELEASE_AFTER_BYTES
         for c0 in range(0, len(tokens), step):
             chunk = tokens[c0 : c0 + step]
             last_chunk = c0 + step >= len(tokens)
