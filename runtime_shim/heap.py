@@ -16,6 +16,7 @@ every library once a run's one-off steps are over. Linux only (``/proc/self/smap
 from __future__ import annotations
 
 import mmap
+import re
 import sys
 from collections.abc import Callable
 from functools import lru_cache
@@ -92,11 +93,14 @@ def release_code_pages(path: str) -> int:
     return _release(lambda mapped: mapped == path)
 
 
+_SHARED_LIBRARY = re.compile(r"\.so(\.\d+)*$")  # libx.so, libx.so.6, libx.so.1.0.30
+
+
 def release_library_code() -> int:
     """:func:`release_code_pages` of every shared library this process maps: after the
     one-off steps of a run (imports, open, the tokenizer) only the code it runs from then
     on faults back in. The bytes of the mappings advised."""
-    return _release(lambda mapped: ".so" in mapped.rsplit("/", 1)[-1])
+    return _release(lambda mapped: _SHARED_LIBRARY.search(mapped) is not None)
 
 
 def _release(wanted: Callable[[str], bool]) -> int:

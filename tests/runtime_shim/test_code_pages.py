@@ -61,3 +61,20 @@ def test_every_librarys_code_leaves_and_what_runs_comes_back() -> None:
     assert release_library_code() > 0
     assert _read_only_resident_kib(library) < before / 2
     assert float((x * x).sum()) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "library"),
+    [
+        ("/usr/lib/x86_64-linux-gnu/libc.so.6", True),
+        ("/usr/lib/libstdc++.so.6.0.30", True),
+        ("/site-packages/numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so", True),
+        ("/models/a.sorted.epk", False),
+        ("/run/x.sock", False),
+        ("/tmp/m.so.bak", False),
+    ],
+)
+def test_only_shared_libraries_count_as_library_code(path: str, library: bool) -> None:
+    from edgepack.runtime_shim.heap import _SHARED_LIBRARY
+
+    assert (_SHARED_LIBRARY.search(path) is not None) is library
