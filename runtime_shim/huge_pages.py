@@ -33,18 +33,13 @@ def map_weights_huge(pkg: Package) -> str:
     there is no sign it makes huge file folios, so the cache is kept),
     'unsupported' (not Linux, no THP, a file under 2 huge pages, a mapping not aligned to
     them). Call it before anything reads the data: what was read before the advice stays
-    small until dropped."""
+    small until dropped. The probes' 2 MiB pages stay resident: the Model releases the
+    package's pages once bound."""
     if sys.platform != "linux" or not _thp_enabled() or not pkg.advise_huge_pages():
         return "unsupported"
     probes = _probe_views(pkg)
     if len(probes) < 2 or _address(probes[0]) % HUGE_PAGE:
         return "unsupported"  # (a mapping whose address is not aligned to huge pages)
-    state = _make_huge(pkg, probes)
-    pkg.release_resident_pages()  # the probes' 2 MiB pages: the layers fault them back
-    return state
-
-
-def _make_huge(pkg: Package, probes: list[np.ndarray]) -> str:
     if _touch_and_count(pkg, probes):
         return "huge"
     if not _file_huge_pages_seen():
